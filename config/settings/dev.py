@@ -1,0 +1,6 @@
+"""Local development: DEBUG on, a fixed insecure key, any local host."""
+from .base import *  # noqa: F401,F403
+
+DEBUG = True
+SECRET_KEY = "django-insecure-development-only-never-use-in-production"
+ALLOWED_HOSTS = ["127.0.0.1", "localhost", "[::1]"]

@@ -1,0 +1,18 @@
+from django.contrib import admin
+from django.contrib.auth import views as auth_views
+from django.urls import include, path
+
+from idempotency.problems import problem_handler404, problem_handler500
+
+from . import views
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("metrics", views.metrics, name="metrics"),
+    path("", include("gateway.urls")),
+]
+
+handler404 = problem_handler404
+handler500 = problem_handler500

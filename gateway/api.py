@@ -1,0 +1,69 @@
+"""The jobs API: POST /api/jobs/ (Idempotency-Key required), GET /api/jobs/<job_id>/."""
+from django.db.models import Q
+from rest_framework import status
+from rest_framework.exceptions import NotFound
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from idempotency.decorators import idempotency_key
+from idempotency.exceptions import IdempotencyKeyMismatch
+from idempotency.models import Operation
+from idempotency.problems import problem_from_error
+from idempotency.services import Command, accept
+
+from .serializers import JobRequestSerializer
+
+
+def job_body(operation, request):
+    scheme = "wss" if request.is_secure() else "ws"
+    return {
+        "job_id": str(operation.op_id),
+        "domain": operation.domain,
+        "state": operation.state,
+        "ws_url": f"{scheme}://{request.get_host()}/ws/jobs/{operation.op_id}/",
+    }
+
+
+def visible_operations(user):
+    """A user sees their own jobs; staff see every job."""
+    if user.is_staff:
+        return Operation.objects.all()
+    return Operation.objects.filter(Q(owner=user))
+
+
+class JobListView(APIView):
+    @idempotency_key("required", atomic=True)
+    def post(self, request):
+        serializer = JobRequestSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        context = request.idempotency
+        command = Command(
+            scope=context.scope,
+            idem_key=context.key,
+            domain=serializer.validated_data["domain"],
+            event_type="job.requested",
+            payload=serializer.validated_data["payload"],
+            owner=request.user,
+        )
+        try:
+            operation, _created = accept(command)
+        except IdempotencyKeyMismatch as exc:
+            return problem_from_error(exc)
+        return Response(job_body(operation, request), status=status.HTTP_201_CREATED)
+
+
+class JobDetailView(APIView):
+    def get(self, request, job_id):
+        operation = visible_operations(request.user).filter(op_id=job_id).first()
+        if operation is None:
+            raise NotFound("No such job.")
+        body = job_body(operation, request)
+        body.update(
+            {
+                "accepted_at": operation.accepted_at,
+                "completed_at": operation.completed_at,
+                "payload": operation.payload,
+                "latest_event": None,  # filled from the event bus's state once it runs jobs
+            }
+        )
+        return Response(body)

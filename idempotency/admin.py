@@ -1,0 +1,64 @@
+import json
+
+from django.contrib import admin, messages
+from django.utils import timezone
+from django.utils.html import format_html
+
+from .conf import idempotency_settings
+from .models import IdempotencyRecord, Operation
+
+
+@admin.register(IdempotencyRecord)
+class IdempotencyRecordAdmin(admin.ModelAdmin):
+    list_display = ("key", "scope", "state", "method", "path", "response_status", "created_at", "expires_at")
+    list_filter = ("state", "method", "response_status", "created_at")
+    search_fields = ("key", "scope", "path", "fingerprint")
+    date_hierarchy = "created_at"
+    actions = ("expire_now", "evict")
+    readonly_fields = [f.name for f in IdempotencyRecord._meta.fields if f.name != "response_body"] + ["stored_response"]
+    exclude = ("response_body",)
+
+    def has_add_permission(self, request):
+        return False
+
+    @admin.display(description="stored response")
+    def stored_response(self, record):
+        if record.response_status is None:
+            return "-"
+        body = bytes(record.response_body or b"")
+        try:
+            text = json.dumps(json.loads(body), indent=2, ensure_ascii=False)
+        except ValueError:
+            text = body.decode("utf-8", "replace")
+        headers = "\n".join(f"{name}: {value}" for name, value in record.response_headers)
+        return format_html("<pre>HTTP {}\n{}\n\n{}</pre>", record.response_status, headers, text)
+
+    @admin.action(description="Expire the selected keys now (a retry executes again)")
+    def expire_now(self, request, queryset):
+        store = idempotency_settings.STORE()
+        pairs = list(queryset.values_list("scope", "key"))
+        queryset.update(expires_at=timezone.now())
+        for scope, key in pairs:
+            store.forget(scope=scope, key=key)
+        self.message_user(request, f"Expired {len(pairs)} key(s).", messages.SUCCESS)
+
+    @admin.action(description="Evict the selected keys (delete them and their cached answers)")
+    def evict(self, request, queryset):
+        store = idempotency_settings.STORE()
+        pairs = list(queryset.values_list("scope", "key"))
+        for scope, key in pairs:
+            store.evict(scope=scope, key=key)
+        self.message_user(request, f"Evicted {len(pairs)} key(s).", messages.SUCCESS)
+
+
+@admin.register(Operation)
+class OperationAdmin(admin.ModelAdmin):
+    list_display = ("op_id", "domain", "event_type", "state", "owner", "idem_key", "accepted_at", "completed_at")
+    list_filter = ("state", "domain", "event_type", "accepted_at")
+    search_fields = ("op_id", "idem_key", "biz_key", "scope", "owner__username")
+    date_hierarchy = "accepted_at"
+    readonly_fields = [f.name for f in Operation._meta.fields]
+    raw_id_fields = ("owner",)
+
+    def has_add_permission(self, request):
+        return False

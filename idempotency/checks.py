@@ -1,0 +1,61 @@
+"""System checks: the middleware must run after the middleware it depends on, and the
+IDEMPOTENCY settings must be valid."""
+from django.conf import settings
+from django.core.checks import Error, register
+from django.core.exceptions import ImproperlyConfigured
+
+from .conf import idempotency_settings
+from .policy import MODES
+
+MIDDLEWARE_PATH = "idempotency.middleware.IdempotencyMiddleware"
+MUST_COME_BEFORE = (
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+)
+
+
+@register()
+def check_middleware_order(app_configs=None, **kwargs):
+    middleware = list(settings.MIDDLEWARE)
+    if MIDDLEWARE_PATH not in middleware:
+        return []
+    position = middleware.index(MIDDLEWARE_PATH)
+    errors = []
+    for path in MUST_COME_BEFORE:
+        if path in middleware and middleware.index(path) > position:
+            errors.append(Error(
+                f"{MIDDLEWARE_PATH} must come after {path} in MIDDLEWARE.",
+                hint="Put the idempotency middleware last: it calls the view itself, after authentication "
+                "and CSRF checks; middleware after it would be skipped for keyed requests.",
+                id="idempotency.E001",
+            ))
+    if position != len(middleware) - 1:
+        errors.append(Error(
+            f"{MIDDLEWARE_PATH} must be the last entry of MIDDLEWARE.",
+            hint="It calls the view itself for keyed requests, so the process_view of middleware after "
+            "it would not run.",
+            id="idempotency.E002",
+        ))
+    return errors
+
+
+@register()
+def check_settings(app_configs=None, **kwargs):
+    try:
+        policy = idempotency_settings.DEFAULT_POLICY
+        methods = idempotency_settings.METHODS
+        numbers = {name: getattr(idempotency_settings, name) for name in ("TTL", "LEASE_SECONDS")}
+        idempotency_settings.STORE
+        idempotency_settings.SCOPE_RESOLVER
+    except ImproperlyConfigured as exc:
+        return [Error(str(exc), id="idempotency.E003")]
+    errors = []
+    if policy not in MODES:
+        errors.append(Error(f"IDEMPOTENCY['DEFAULT_POLICY'] must be one of {MODES}.", id="idempotency.E004"))
+    if any(m != m.upper() or m in ("GET", "HEAD", "OPTIONS") for m in methods):
+        errors.append(Error("IDEMPOTENCY['METHODS'] lists upper-case unsafe methods only.", id="idempotency.E005"))
+    for name, value in numbers.items():
+        if not isinstance(value, int) or value <= 0:
+            errors.append(Error(f"IDEMPOTENCY[{name!r}] must be a positive number of seconds.", id="idempotency.E006"))
+    return errors

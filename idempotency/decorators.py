@@ -1,0 +1,96 @@
+"""Decorators: `idempotency_key` marks views, `idempotent` wraps service functions."""
+from __future__ import annotations
+
+import functools
+import json
+
+from .conf import idempotency_settings
+from .exceptions import IdempotencyInProgress, IdempotencyKeyMismatch
+from .execution import run_leased, transaction_aliases
+from .fingerprint import call_fingerprint
+from .keys import IdemKey
+from .policy import ATTRIBUTE, REQUIRED, ViewPolicy
+from .responses import StoredResponse
+from .stores.base import Outcome
+
+
+def idempotency_key(mode: str = REQUIRED, **options):
+    """Mark a view "required", "optional" or "exempt": a function view (put it above
+    @api_view, @csrf_exempt...), a view class (APIView, ViewSet, Django View), or one
+    handler method or ViewSet action. Options: lease_seconds, ttl_seconds, atomic, methods.
+
+        @idempotency_key("required", atomic=True)
+        def create(self, request): ...
+    """
+    policy = ViewPolicy(mode=mode, **options)
+
+    def mark(view):
+        setattr(view, ATTRIBUTE, policy)
+        return view
+
+    return mark
+
+
+def idempotent(*, operation: str, key="idempotency_key", scope=None, lease_seconds=None, ttl_seconds=None,
+               atomic=True):
+    """Run a service function once per key; a call again with the same key and arguments
+    returns the first call's result (which must be JSON-serialisable) without running it.
+
+    key: the name of the keyword argument that carries the key (it is passed on to the
+    function and left out of the fingerprint), or a callable(*args, **kwargs) -> key.
+    scope: optional callable(*args, **kwargs) -> str, e.g. the tenant, to separate keyspaces.
+    Raises IdempotencyKeyMismatch for other arguments under a used key and
+    IdempotencyInProgress while another call holds the key.
+
+        @idempotent(operation="charge")
+        def charge(*, invoice_id, amount, idempotency_key): ...
+    """
+
+    def decorator(func):
+        @functools.wraps(func)
+        def wrapper(*args, **kwargs):
+            if callable(key):
+                idem_key, fingerprint_kwargs = key(*args, **kwargs), kwargs
+            else:
+                if key not in kwargs:
+                    raise TypeError(f"{func.__qualname__}() needs the keyword argument {key!r} (the idempotency key)")
+                idem_key = kwargs[key]
+                fingerprint_kwargs = {k: v for k, v in kwargs.items() if k != key}
+            idem_key = idem_key if isinstance(idem_key, IdemKey) else IdemKey(str(idem_key))
+            call_scope = f"fn:{operation}" + (f":{scope(*args, **kwargs)}" if scope else "")
+
+            store = idempotency_settings.STORE()
+            acquisition = store.acquire(
+                scope=call_scope,
+                key=idem_key.value,
+                fingerprint=call_fingerprint(args, fingerprint_kwargs),
+                lease_seconds=lease_seconds or idempotency_settings.LEASE_SECONDS,
+                ttl_seconds=ttl_seconds or idempotency_settings.TTL,
+                method="CALL",
+                path=func.__module__ + "." + func.__qualname__,
+            )
+            if acquisition.outcome is Outcome.REPLAY:
+                return json.loads(acquisition.response.body)
+            if acquisition.outcome is Outcome.IN_FLIGHT:
+                raise IdempotencyInProgress(retry_after=acquisition.retry_after)
+            if acquisition.outcome is Outcome.MISMATCH:
+                raise IdempotencyKeyMismatch(f"Key {idem_key} of {operation!r} was used with other arguments.")
+            return run_leased(
+                store,
+                acquisition.lease,
+                lambda: func(*args, **kwargs),
+                _stored_result,
+                aliases=transaction_aliases(func, atomic=atomic),
+            )
+
+        return wrapper
+
+    return decorator
+
+
+def _stored_result(result) -> StoredResponse:
+    try:
+        body = json.dumps(result).encode()
+    except TypeError as exc:
+        raise TypeError(f"An @idempotent function must return JSON-serialisable data: {exc}") from exc
+    return StoredResponse(200, (("Content-Type", "application/json"),), body)

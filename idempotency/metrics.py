@@ -1,0 +1,13 @@
+from prometheus_client import Counter
+
+# outcome: miss (first execution), replay, conflict (in flight, 409), mismatch (422),
+# invalid (missing or malformed key, 400), takeover (expired lease taken over), lease_lost.
+REQUESTS = Counter(
+    "idempotency_requests_total", "Requests seen by the idempotency layer, by outcome", ["outcome"]
+)
+for _outcome in ("miss", "replay", "conflict", "mismatch", "invalid", "takeover", "lease_lost"):
+    REQUESTS.labels(_outcome)
+
+
+def count(outcome: str) -> None:
+    REQUESTS.labels(outcome).inc()

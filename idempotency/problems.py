@@ -1,0 +1,61 @@
+"""RFC 9457 problem details (application/problem+json) for every API error."""
+from __future__ import annotations
+
+import json
+from http import HTTPStatus
+
+from django.http import HttpResponse
+from django.views import defaults
+
+CONTENT_TYPE = "application/problem+json"
+API_PREFIX = "/api/"
+
+
+def problem_body(status: int, detail: str = "", *, title: str | None = None, type: str = "about:blank", **extra):
+    body = {"type": type, "title": title or HTTPStatus(status).phrase, "status": status, "detail": detail}
+    body.update(extra)
+    return body
+
+
+def problem(status: int, detail: str = "", *, title: str | None = None, type: str = "about:blank", **extra):
+    body = problem_body(status, detail, title=title, type=type, **extra)
+    return HttpResponse(json.dumps(body), status=status, content_type=CONTENT_TYPE)
+
+
+def problem_from_error(error) -> HttpResponse:
+    """An IdempotencyError (or subclass) as its problem response."""
+    response = problem(error.status, str(error), title=error.title, type=error.type)
+    retry_after = getattr(error, "retry_after", None)
+    if retry_after is not None:
+        response["Retry-After"] = str(retry_after)
+    return response
+
+
+def drf_exception_handler(exc, context):
+    """DRF's handler, its answer reshaped as problem details (headers such as
+    WWW-Authenticate and Retry-After kept)."""
+    from rest_framework.views import exception_handler
+
+    response = exception_handler(exc, context)
+    if response is None:
+        return None
+    data = response.data
+    if isinstance(data, dict) and set(data) <= {"detail"}:
+        detail, extra = str(data.get("detail", "")), {}
+    else:
+        detail, extra = "The request is not valid.", {"errors": data}
+    response.data = problem_body(response.status_code, detail, **extra)
+    response.content_type = CONTENT_TYPE
+    return response
+
+
+def problem_handler404(request, exception):
+    if request.path.startswith(API_PREFIX):
+        return problem(404, "No such resource.")
+    return defaults.page_not_found(request, exception)
+
+
+def problem_handler500(request):
+    if request.path.startswith(API_PREFIX):
+        return problem(500, "The server failed to answer this request.")
+    return defaults.server_error(request)

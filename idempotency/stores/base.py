@@ -1,0 +1,73 @@
+"""The storage contract behind the middleware and the decorators.
+
+A store answers `acquire` with one of four outcomes and keeps the lease rules: only the
+holder of a lease token may `complete` or `fail` the record it leased.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.utils import timezone
+
+from ..responses import StoredResponse
+
+
+class Outcome(enum.Enum):
+    ACQUIRED = "acquired"  # run the request, then complete() or fail() with the token
+    REPLAY = "replay"  # a completed record with the same fingerprint: answer with its response
+    IN_FLIGHT = "in_flight"  # another request holds a live lease
+    MISMATCH = "mismatch"  # the key was used for another request
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """What the holder of a key needs to complete or fail it."""
+
+    scope: str
+    key: str
+    token: str
+    fingerprint: str
+    expires_at: datetime  # when the record itself expires
+
+
+@dataclass(frozen=True, slots=True)
+class Acquisition:
+    outcome: Outcome
+    lease: Lease | None = None  # with ACQUIRED
+    takeover: bool = False  # acquired from a request whose lease expired
+    response: StoredResponse | None = None  # with REPLAY
+    expires_at: datetime | None = None  # with REPLAY: the record's expiry
+    retry_after: int = 0  # with IN_FLIGHT
+
+
+class BaseStore:
+    # The clock, swappable in tests (as DRF's throttles do with `timer`).
+    now = staticmethod(timezone.now)
+
+    def acquire(
+        self, *, scope: str, key: str, fingerprint: str, lease_seconds: int, ttl_seconds: int,
+        method: str = "", path: str = "",
+    ) -> Acquisition:
+        raise NotImplementedError("subclasses of BaseStore must provide an acquire() method")
+
+    def complete(self, lease: Lease, response: StoredResponse) -> bool:
+        """Store the answer if the lease is still held; False when it was taken over."""
+        raise NotImplementedError("subclasses of BaseStore must provide a complete() method")
+
+    def fail(self, lease: Lease) -> bool:
+        """Release the lease without an answer, so that a retry executes again."""
+        raise NotImplementedError("subclasses of BaseStore must provide a fail() method")
+
+    def evict(self, *, scope: str, key: str) -> None:
+        """Forget the key at once (admin action)."""
+        raise NotImplementedError("subclasses of BaseStore must provide an evict() method")
+
+    def forget(self, *, scope: str, key: str) -> None:
+        """Drop any copy kept outside the database (after the record was expired there)."""
+
+    @classmethod
+    def clear_expired(cls) -> int:
+        """Delete expired records; returns how many. The cleanup command's hook."""
+        raise NotImplementedError("subclasses of BaseStore must provide a clear_expired() method")

@@ -1,0 +1,81 @@
+"""The database store with a cache in front: a replay of a completed record is served from
+the cache without a database query. The cache is filled only after the completing
+transaction commits, so it never holds an answer the database does not, and an entry
+lives no longer than its record.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+
+from django.core.cache import caches
+from django.db import transaction
+
+from ..conf import idempotency_settings
+from ..responses import StoredResponse
+from .base import Acquisition, Outcome
+from .db import DatabaseStore
+
+logger = logging.getLogger(__name__)
+
+
+class CachedStore(DatabaseStore):
+    cache_prefix = "idempotency:"
+
+    @property
+    def cache(self):
+        return caches[idempotency_settings.CACHE_ALIAS]
+
+    def cache_key(self, scope: str, key: str) -> str:
+        # Hashed: keys may hold characters some cache backends refuse.
+        return self.cache_prefix + hashlib.sha256(f"{scope}\0{key}".encode()).hexdigest()
+
+    def acquire(self, *, scope, key, fingerprint, lease_seconds, ttl_seconds, method="", path=""):
+        entry = self._cache_call("get", scope, key)
+        if entry is not None and entry["expires"] > self.now().timestamp():
+            if entry["fingerprint"] != fingerprint:
+                return Acquisition(Outcome.MISMATCH)
+            response = StoredResponse(entry["status"], tuple(map(tuple, entry["headers"])), entry["body"])
+            return Acquisition(Outcome.REPLAY, response=response)
+        acquisition = super().acquire(
+            scope=scope, key=key, fingerprint=fingerprint, lease_seconds=lease_seconds,
+            ttl_seconds=ttl_seconds, method=method, path=path,
+        )
+        if acquisition.outcome is Outcome.REPLAY:
+            self._remember(scope, key, fingerprint, acquisition.response, acquisition.expires_at)
+        return acquisition
+
+    def complete(self, lease, response):
+        done = super().complete(lease, response)
+        if done:
+            transaction.on_commit(
+                lambda: self._remember(lease.scope, lease.key, lease.fingerprint, response, lease.expires_at),
+                robust=True,
+            )
+        return done
+
+    def evict(self, *, scope, key):
+        super().evict(scope=scope, key=key)
+        self.forget(scope=scope, key=key)
+
+    def forget(self, *, scope, key) -> None:
+        self._cache_call("delete", scope, key)
+
+    def _remember(self, scope, key, fingerprint, response, expires_at):
+        expires = expires_at.timestamp()
+        timeout = int(expires - self.now().timestamp())
+        if timeout <= 0:
+            return
+        entry = {
+            "fingerprint": fingerprint, "expires": expires, "status": response.status,
+            "headers": [list(h) for h in response.headers], "body": response.body,
+        }
+        self._cache_call("set", scope, key, entry, timeout)
+
+    def _cache_call(self, method, scope, key, *args):
+        # The cache is an optimisation: when it fails, the database answers.
+        try:
+            return getattr(self.cache, method)(self.cache_key(scope, key), *args)
+        except Exception:
+            logger.warning("idempotency cache %s failed; the database answers", method, exc_info=True)
+            return None
