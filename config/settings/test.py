@@ -1,11 +1,18 @@
-"""The test suite: DEBUG off, fast hashing, a file SQLite database threads can share."""
+"""The test suite: DEBUG off, fast hashing, a test database of its own per run."""
+import os
+
 from .base import *  # noqa: F401,F403
-from .base import RUN_DIR, DATABASES
+from .base import DATABASES, RUN_DIR
 
 SECRET_KEY = "test-only-key-not-a-secret"
 ALLOWED_HOSTS = ["testserver", "127.0.0.1", "localhost"]
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
+RUN_DIR.mkdir(exist_ok=True)
+
+# Named per run, so that two runs at once (CI legs, developers) never share a test database.
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # A file, not :memory:, so race tests' threads share one database through their own connections.
-    DATABASES["default"]["TEST"] = {"NAME": str(RUN_DIR / "test.sqlite3")}
+    DATABASES["default"]["TEST"] = {"NAME": str(RUN_DIR / f"test-{os.getpid()}.sqlite3")}
+else:
+    DATABASES["default"]["TEST"] = {"NAME": f"test_run_{os.getpid()}"}

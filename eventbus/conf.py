@@ -1,0 +1,26 @@
+"""EVENTBUS settings, read through one accessor (see idempotency.conf.AppSettings)."""
+from idempotency.conf import AppSettings
+
+DEFAULTS = {
+    # Domain -> shard count. A job's shard is md5(job_id) mod the count.
+    "DOMAINS": {"scan": 4, "chat": 4},
+    # Redis Cluster client instead of a single server (REDIS_URL names any node).
+    "CLUSTER": False,
+    "STREAM_MAXLEN": 10_000,  # XADD MAXLEN ~
+    "DEDUP_TTL": 7200,  # L1 published:<job>:<stage>:<seq>
+    "ROUTER_DEDUP_TTL": 7200,  # L2 router:published:<job>:<seq>
+    "STATE_TTL": 3600,  # latest event of a job
+    "HISTORY_TTL": 3600,  # per-job history the gateway backfills from
+    "HISTORY_MAXLEN": 1000,
+    "GROUP": "router",
+    "ROUTER_COUNT": 500,  # entries per XREADGROUP
+    "ROUTER_BLOCK_MS": 1000,
+    "RECLAIM_MIN_IDLE_MS": 300_000,
+    "RECLAIM_INTERVAL": 60,
+    "RECLAIM_COUNT": 100,
+    "MAX_DELIVERIES": 5,
+    # Simulated work per stage of a job, seconds.
+    "STAGE_SECONDS": 0.2,
+}
+
+eventbus_settings = AppSettings("EVENTBUS", DEFAULTS)

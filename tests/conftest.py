@@ -1,0 +1,58 @@
+"""Test-suite fixtures. A private redis-server runs for the whole session (REDIS_URL, when
+set, points at an external one instead) and every Redis-using setting is pointed at it."""
+import os
+
+import pytest
+import redis
+from django.test.utils import override_settings
+
+from config.redis_server import RedisServer
+
+
+@pytest.fixture(scope="session", autouse=True)
+def redis_url():
+    url = os.environ.get("REDIS_URL")
+    server = None
+    if not url:
+        server = RedisServer().start()
+        url = server.url
+        os.environ["REDIS_URL"] = url  # for processes the tests start
+    caches = {
+        "default": {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": url,
+            "KEY_PREFIX": "test-cache",
+            "OPTIONS": {"CLIENT_CLASS": "django_redis.client.DefaultClient"},
+        }
+    }
+    with override_settings(REDIS_URL=url, CACHES=caches, CELERY_BROKER_URL=url):
+        yield url
+    if server:
+        server.stop()
+
+
+@pytest.fixture
+def redis_client(redis_url):
+    client = redis.Redis.from_url(redis_url)
+    client.flushdb()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def user(django_user_model):
+    return django_user_model.objects.create_user("alice", password="pw-alice")
+
+
+@pytest.fixture
+def other_user(django_user_model):
+    return django_user_model.objects.create_user("bob", password="pw-bob")
+
+
+@pytest.fixture
+def api_client(user):
+    from rest_framework.test import APIClient
+
+    client = APIClient()
+    client.force_authenticate(user)
+    return client
