@@ -24,12 +24,13 @@ class AppSettings:
     @property
     def user_settings(self) -> dict:
         if not hasattr(self, "_user_settings"):
-            self._user_settings = getattr(settings, self.setting_name, {}) or {}
-            unknown = set(self._user_settings) - set(self.defaults)
+            user_settings = getattr(settings, self.setting_name, {}) or {}
+            unknown = set(user_settings) - set(self.defaults)
             if unknown:
                 raise ImproperlyConfigured(
                     f"{self.setting_name}: unknown key(s) {sorted(unknown)}; known: {sorted(self.defaults)}"
                 )
+            self._user_settings = user_settings
         return self._user_settings
 
     def __getattr__(self, attr: str):

@@ -24,8 +24,11 @@ def authenticate(request, view_func):
         return getattr(request, "user", None)
     from rest_framework.exceptions import APIException
 
+    # Build the view as its as_view() would, so per-view and per-action authenticators apply.
     view = cls(**getattr(view_func, "initkwargs", {}))
-    view.args, view.kwargs = (), {}
+    view.args, view.kwargs, view.request = (), {}, request
+    if getattr(view_func, "actions", None) is not None:
+        view.action_map = view_func.actions
     drf_request = view.initialize_request(request)
     try:
         user = drf_request.user

@@ -1,0 +1,40 @@
+import pytest
+from django.core.cache import cache
+from django.test import Client
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
+
+from . import views
+
+
+@pytest.fixture(autouse=True)
+def fresh_calls(redis_url):
+    cache.clear()  # cached replays must not leak from one test to the next
+    views.CALLS.clear()
+    views.GATES.clear()
+    yield
+
+
+@pytest.fixture
+def client_for():
+    """A Django test client logged in as the given user (session auth)."""
+
+    def make(user):
+        client = Client()
+        client.force_login(user)
+        return client
+
+    return make
+
+
+@pytest.fixture
+def token_client_for():
+    """A DRF client that authenticates with a real token header."""
+
+    def make(user):
+        token, _ = Token.objects.get_or_create(user=user)
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+        return client
+
+    return make

@@ -1,0 +1,74 @@
+"""The jobs API contract of SPEC §3."""
+import uuid
+
+import pytest
+from django.test import Client
+
+from idempotency.models import Operation
+
+pytestmark = pytest.mark.django_db
+
+
+def create(client, key="job-1", body=None):
+    return client.post("/api/jobs/", data=body or {"domain": "scan", "payload": {"n": 1}}, format="json",
+                       HTTP_IDEMPOTENCY_KEY=key)
+
+
+def test_post_creates_a_job(api_client):
+    response = create(api_client)
+    assert response.status_code == 201
+    body = response.json()
+    op = Operation.objects.get()
+    assert body == {"job_id": str(op.op_id), "domain": "scan", "state": "PENDING",
+                    "ws_url": f"ws://testserver/ws/jobs/{op.op_id}/"}
+    assert op.idem_key == "job-1" and op.payload == {"n": 1}
+
+
+def test_post_without_key_is_400_problem(api_client):
+    response = api_client.post("/api/jobs/", {"domain": "scan"}, format="json")
+    assert response.status_code == 400
+    assert response["Content-Type"] == "application/problem+json"
+    assert not Operation.objects.exists()
+
+
+def test_invalid_body_is_400_problem_and_the_key_can_be_retried(api_client):
+    bad = create(api_client, key="j", body={"domain": "nope"})
+    assert bad.status_code == 400
+    assert bad["Content-Type"] == "application/problem+json"
+    assert "domain" in bad.json()["errors"]
+    malformed = api_client.post("/api/jobs/", data="{nope", content_type="application/json",
+                                HTTP_IDEMPOTENCY_KEY="j2")
+    assert malformed.status_code == 400 and malformed.json()["status"] == 400
+
+
+def test_replay_same_status_body_and_no_second_job(api_client):
+    first = create(api_client)
+    again = create(api_client)
+    assert again.status_code == 201 and again.content == first.content
+    assert again["Idempotent-Replayed"] == "true"
+    assert Operation.objects.count() == 1
+
+
+def test_get_own_job_and_404_for_others(api_client, other_user, user):
+    job_id = create(api_client).json()["job_id"]
+    mine = api_client.get(f"/api/jobs/{job_id}/")
+    assert mine.status_code == 200 and mine.json()["job_id"] == job_id and "latest_event" in mine.json()
+    stranger = Client()
+    stranger.force_login(other_user)
+    theirs = stranger.get(f"/api/jobs/{job_id}/")
+    assert theirs.status_code == 404 and theirs["Content-Type"] == "application/problem+json"
+    assert stranger.get(f"/api/jobs/{uuid.uuid4()}/").status_code == 404
+    assert stranger.get("/api/jobs/not-a-uuid/").status_code == 404
+
+
+def test_staff_sees_every_job(api_client, django_user_model):
+    job_id = create(api_client).json()["job_id"]
+    staff = django_user_model.objects.create_user("ops", password="x", is_staff=True)
+    client = Client()
+    client.force_login(staff)
+    assert client.get(f"/api/jobs/{job_id}/").status_code == 200
+
+
+def test_anonymous_is_401(client):
+    assert client.get(f"/api/jobs/{uuid.uuid4()}/").status_code == 401
+    assert client.post("/api/jobs/", {}, content_type="application/json").status_code == 401

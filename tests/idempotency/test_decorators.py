@@ -1,0 +1,77 @@
+import pytest
+
+from idempotency.decorators import idempotent
+from idempotency.exceptions import IdempotencyInProgress, IdempotencyKeyMismatch
+from idempotency.keys import IdemKey
+from idempotency.models import IdempotencyRecord, Operation
+
+pytestmark = pytest.mark.django_db(transaction=True)
+calls = []
+
+
+@idempotent(operation="charge")
+def charge(*, invoice_id, amount, idempotency_key):
+    calls.append(invoice_id)
+    Operation.objects.create(scope="charge", idem_key=f"{invoice_id}-{len(calls)}", domain="scan", event_type="charge")
+    if amount < 0:
+        raise ValueError("negative amount")
+    return {"charged": amount, "call": len(calls)}
+
+
+@pytest.fixture(autouse=True)
+def reset():
+    calls.clear()
+
+
+def test_second_call_returns_the_first_result_without_running():
+    first = charge(invoice_id=1, amount=10, idempotency_key="c-1")
+    again = charge(invoice_id=1, amount=10, idempotency_key=IdemKey("c-1"))
+    assert first == again == {"charged": 10, "call": 1}
+    assert calls == [1]
+
+
+def test_other_arguments_under_a_used_key_raise_mismatch():
+    charge(invoice_id=1, amount=10, idempotency_key="c-2")
+    with pytest.raises(IdempotencyKeyMismatch):
+        charge(invoice_id=1, amount=11, idempotency_key="c-2")
+
+
+def test_exception_is_not_stored_and_effects_roll_back():
+    for _ in range(2):
+        with pytest.raises(ValueError):
+            charge(invoice_id=2, amount=-1, idempotency_key="c-3")
+    assert calls == [2, 2]
+    assert not Operation.objects.filter(event_type="charge").exists()
+    assert IdempotencyRecord.objects.get(key="c-3").state == "FAILED"
+
+
+def test_in_flight_call_raises_with_retry_after():
+    @idempotent(operation="reentrant", key=lambda n: f"n-{n}")
+    def reenter(n):
+        with pytest.raises(IdempotencyInProgress) as info:
+            reenter(n)
+        return info.value.retry_after
+
+    assert reenter(1) >= 1
+
+
+def test_missing_key_and_unserialisable_results_are_clear_errors():
+    with pytest.raises(TypeError, match="idempotency_key"):
+        charge(invoice_id=1, amount=1)
+
+    @idempotent(operation="bad", key=lambda: "b")
+    def bad():
+        return object()
+
+    with pytest.raises(TypeError, match="JSON-serialisable"):
+        bad()
+
+
+def test_operations_have_separate_keyspaces():
+    @idempotent(operation="other")
+    def other(*, idempotency_key):
+        calls.append("other")
+        return "other"
+
+    charge(invoice_id=3, amount=1, idempotency_key="same")
+    assert other(idempotency_key="same") == "other"

@@ -1,0 +1,26 @@
+from django.urls import include, path
+from rest_framework.routers import SimpleRouter
+
+from config.urls import handler404, handler500, urlpatterns as project_urls  # noqa: F401
+
+from . import views
+
+router = SimpleRouter()
+router.register("items", views.ItemViewSet, basename="item")
+
+urlpatterns = [
+    path("t/plain/", views.plain_create),
+    path("t/default/", views.plain_default),
+    path("t/exempt/", views.plain_exempt),
+    path("t/status/<int:code>/", views.with_status),
+    path("t/boom/", views.boom),
+    path("t/streaming/", views.streaming),
+    path("t/atomic/", views.atomic_effect),
+    path("t/gated/", views.gated),
+    path("t/plain-effect/", views.plain_effect),
+    path("t/drf/", views.DrfCreate.as_view()),
+    path("t/drf-func/", views.drf_function),
+    path("t/django-class/", views.PlainClassView.as_view()),
+    path("t/", include(router.urls)),
+    *project_urls,
+]

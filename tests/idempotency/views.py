@@ -1,0 +1,150 @@
+"""Views of every kind the idempotency layer must cover, for tests/idempotency."""
+import threading
+import uuid
+from collections import Counter
+
+from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
+from django.utils.decorators import method_decorator
+from django.views import View
+from django.views.decorators.csrf import csrf_exempt
+from rest_framework import viewsets
+from rest_framework.decorators import action, api_view
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from idempotency.decorators import idempotency_key
+from idempotency.models import Operation
+
+CALLS = Counter()
+_lock = threading.Lock()
+# Set by tests that need a view to block until they let it go. One-shot: the first
+# request that asks for a gate takes it; later ones run straight through.
+GATES: dict[str, threading.Event] = {}
+
+
+def wait_at_gate(request):
+    gate = GATES.pop(request.GET.get("gate", ""), None)
+    if gate is not None:
+        gate.wait(10)
+
+
+def executed(name: str) -> int:
+    with _lock:
+        CALLS[name] += 1
+        return CALLS[name]
+
+
+@idempotency_key("required")
+@csrf_exempt
+def plain_create(request):
+    n = executed("plain")
+    response = JsonResponse({"n": n, "body": request.body.decode("utf-8", "replace")}, status=201)
+    response["ETag"] = f'"v{n}"'
+    response["Location"] = f"/things/{n}/"
+    response["X-Internal"] = "not replayed"
+    response.set_cookie("session-ish", "secret")
+    return response
+
+
+@csrf_exempt
+def plain_default(request):
+    """No marker: the DEFAULT_POLICY (optional) applies."""
+    return JsonResponse({"n": executed("default")}, status=201)
+
+
+@idempotency_key("exempt")
+@csrf_exempt
+def plain_exempt(request):
+    return JsonResponse({"n": executed("exempt")}, status=201)
+
+
+@idempotency_key("required")
+@csrf_exempt
+def with_status(request, code):
+    n = executed(f"status-{code}")
+    return JsonResponse({"n": n, "status": code}, status=code)
+
+
+@idempotency_key("required")
+@csrf_exempt
+def boom(request):
+    executed("boom")
+    raise RuntimeError("view failed")
+
+
+@idempotency_key("required")
+@csrf_exempt
+def streaming(request):
+    executed("streaming")
+    return StreamingHttpResponse(iter([b"a", b"b"]), status=201)
+
+
+@idempotency_key("required", atomic=True, lease_seconds=1)
+@csrf_exempt
+def atomic_effect(request):
+    """Creates an Operation (an effect in the DB), then fails on ?fail=1 or blocks on a gate."""
+    Operation.objects.create(scope="test", idem_key=uuid.uuid4().hex, domain="scan", event_type="effect")
+    n = executed("atomic")
+    wait_at_gate(request)
+    if request.GET.get("fail"):
+        raise RuntimeError("fails after its effect")
+    if request.GET.get("status"):
+        return JsonResponse({"n": n}, status=int(request.GET["status"]))
+    return JsonResponse({"n": n}, status=201)
+
+
+@idempotency_key("required")
+@csrf_exempt
+def plain_effect(request):
+    """Not marked atomic: only ATOMIC_REQUESTS puts it in a transaction."""
+    Operation.objects.create(scope="test", idem_key=uuid.uuid4().hex, domain="scan", event_type="effect")
+    return JsonResponse({"n": executed("plain-effect")}, status=201)
+
+
+@idempotency_key("required", lease_seconds=1)
+@csrf_exempt
+def gated(request):
+    """Non-atomic: blocks on a gate, so a test can let its lease expire mid-view."""
+    n = executed("gated")
+    wait_at_gate(request)
+    return JsonResponse({"n": n}, status=201)
+
+
+class DrfCreate(APIView):
+    @idempotency_key("required")
+    def post(self, request):
+        return Response({"n": executed("drf-class"), "data": request.data}, status=201)
+
+
+@idempotency_key("required")
+@api_view(["POST"])
+def drf_function(request):
+    return Response({"n": executed("drf-func"), "data": request.data}, status=201)
+
+
+class ItemViewSet(viewsets.ViewSet):
+    @idempotency_key("required")
+    def create(self, request):
+        return Response({"n": executed("viewset-create")}, status=201)
+
+    @action(detail=False, methods=["post"])
+    @idempotency_key("required")
+    def special(self, request):
+        return Response({"n": executed("viewset-special")}, status=201)
+
+    @action(detail=False, methods=["post"])
+    def unmarked(self, request):
+        return Response({"n": executed("viewset-unmarked")}, status=201)
+
+
+@method_decorator(csrf_exempt, name="dispatch")
+@idempotency_key("required")
+class PlainClassView(View):
+    def post(self, request):
+        return JsonResponse({"n": executed("django-class")}, status=201)
+
+    def patch(self, request):
+        return JsonResponse({"n": executed("django-class-patch")}, status=200)
+
+    def put(self, request):
+        return JsonResponse({"n": executed("django-class-put")}, status=200)
