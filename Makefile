@@ -3,8 +3,9 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+BENCH_STAMP := $(VENV)/.bench-installed
 
-.PHONY: run test setup bench clean
+.PHONY: run test setup browser bench clean
 
 $(STAMP): requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -14,14 +15,29 @@ $(STAMP): requirements.txt requirements-dev.txt
 
 setup: $(STAMP)
 
+# The page's test drives Debian's chromium (Playwright cannot download browsers here).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing Debian's chromium for the browser test"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else \
+	    echo "The browser test needs Debian's chromium: sudo apt-get install chromium" >&2; \
+	  fi; }
+
 run: setup
 	$(PY) -m config.stack
 
-test: setup
+test: setup browser
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-bench: setup
-	$(PY) bench/idempotency.py
+# The benchmark's own packages (a server and the PyPI peers) go into the same virtualenv.
+$(BENCH_STAMP): $(STAMP) bench/requirements.txt
+	$(PY) -m pip install --quiet -r bench/requirements.txt
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
+	$(PY) bench/idempotency.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .run db.sqlite3

@@ -14,8 +14,9 @@ from django.conf import settings  # noqa: E402
 from gateway.routing import websocket_urlpatterns  # noqa: E402
 
 http_app = django_asgi_app
-if settings.DEBUG:
-    # daphne serves no static files itself; in development Django does.
+if settings.SERVE_STATIC:
+    # daphne serves no static files itself; in development and tests Django does. In
+    # production, collectstatic and let the front server (or CDN) serve STATIC_ROOT.
     from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 
     http_app = ASGIStaticFilesHandler(django_asgi_app)

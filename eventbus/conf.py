@@ -15,10 +15,17 @@ DEFAULTS = {
     "GROUP": "router",
     "ROUTER_COUNT": 500,  # entries per XREADGROUP
     "ROUTER_BLOCK_MS": 1000,
+    # While entries wait for their predecessor, the router reads with this shorter block and
+    # retries them after each read; it holds at most DEFER_MAX of them (the rest stay pending).
+    "DEFER_RETRY_MS": 50,
+    "DEFER_MAX": 10_000,
+    # Seconds between consumer-lag samples (XINFO GROUPS) by the router.
+    "LAG_INTERVAL": 10,
     "RECLAIM_MIN_IDLE_MS": 300_000,
     "RECLAIM_INTERVAL": 60,
     "RECLAIM_COUNT": 100,
-    "MAX_DELIVERIES": 5,
+    "MAX_DELIVERIES": 5,  # deliveries of an entry before the reclaimer dead-letters it
+    "RECLAIM_CONSUMER": "reclaimer",
     # Simulated work per stage of a job, seconds.
     "STAGE_SECONDS": 0.2,
 }

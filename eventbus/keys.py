@@ -66,6 +66,16 @@ class JobKeys:
     def channel(self) -> str:
         return f"{self.tag}:channel:{self.job_id}"
 
+    @property
+    def last_published(self) -> str:
+        """The job's last seq accepted by the publish script (L1): the next event's prev_seq."""
+        return f"{self.tag}:published-seq:{self.job_id}"
+
+    @property
+    def applied(self) -> str:
+        """The job's last seq applied by the router (L2): the next event applies only on top of it."""
+        return f"{self.tag}:applied-seq:{self.job_id}"
+
     def published(self, stage: str, seq: int) -> str:
         return f"{self.tag}:published:{self.job_id}:{stage}:{seq}"
 

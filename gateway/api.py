@@ -1,16 +1,16 @@
 """The jobs API: POST /api/jobs/ (Idempotency-Key required), GET /api/jobs/<job_id>/."""
-from django.db.models import Q
 from rest_framework import status
 from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from eventbus.jobs import enqueue
 from idempotency.decorators import idempotency_key
 from idempotency.exceptions import IdempotencyKeyMismatch
-from idempotency.models import Operation
 from idempotency.problems import problem_from_error
 from idempotency.services import Command, accept
 
+from .selectors import visible_operations
 from .serializers import JobRequestSerializer
 
 
@@ -22,13 +22,6 @@ def job_body(operation, request):
         "state": operation.state,
         "ws_url": f"{scheme}://{request.get_host()}/ws/jobs/{operation.op_id}/",
     }
-
-
-def visible_operations(user):
-    """A user sees their own jobs; staff see every job."""
-    if user.is_staff:
-        return Operation.objects.all()
-    return Operation.objects.filter(Q(owner=user))
 
 
 class JobListView(APIView):
@@ -46,7 +39,7 @@ class JobListView(APIView):
             owner=request.user,
         )
         try:
-            operation, _created = accept(command)
+            operation, _created = accept(command, on_accepted=enqueue)
         except IdempotencyKeyMismatch as exc:
             return problem_from_error(exc)
         return Response(job_body(operation, request), status=status.HTTP_201_CREATED)

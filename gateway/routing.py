@@ -1,3 +1,6 @@
-"""WebSocket routes (the job stream consumer arrives with the gateway)."""
+from django.urls import re_path
 
-websocket_urlpatterns = []
+from .consumers import JobStreamConsumer
+
+# Any id reaches the consumer, so that a malformed one gets close code 4400, not a refused handshake.
+websocket_urlpatterns = [re_path(r"^ws/jobs/(?P<job_id>[^/]+)/$", JobStreamConsumer.as_asgi())]

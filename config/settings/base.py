@@ -98,6 +98,7 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
+SERVE_STATIC = False  # dev and test settings let daphne serve /static/ (see config/asgi.py)
 STATIC_ROOT = BASE_DIR / "staticfiles"
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
@@ -123,6 +124,25 @@ CELERY_BROKER_URL = REDIS_URL
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Redis broker. A task delivered to a worker that died without acking it goes back to its queue
+# after visibility_timeout seconds: longer than any job and its retry countdowns (or a running
+# job is delivered twice: harmless, see eventbus.jobs, but wasted), and at most EVENTBUS
+# DEDUP_TTL. The restore sweep then runs every tenth of it (10 s at most).
+_visibility_timeout = int(os.environ.get("CELERY_VISIBILITY_TIMEOUT", 3600))
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": _visibility_timeout,
+    "unacked_restore_interval": max(1, min(10, _visibility_timeout // 10)),
+    "unacked_restore_throttle": 1,
+    # Sending a task to an unreachable broker fails in well under a second (connection refused)
+    # or 2 x 1 s (no answer) instead of retrying: eventbus.jobs.enqueue then leaves the
+    # operation to the sweep, and the request that accepted it is not held up.
+    "max_retries": 1,
+    "interval_start": 0,
+    "interval_step": 0.2,
+    "interval_max": 0.5,
+    "socket_connect_timeout": 1,
+}
 
 LOGGING = {
     "version": 1,
@@ -130,4 +150,6 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+    # Replaces Django's default "django" logger, whose own console handler would print twice.
+    "loggers": {"django": {"handlers": ["console"], "level": "INFO", "propagate": False}},
 }

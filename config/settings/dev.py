@@ -4,3 +4,4 @@ from .base import *  # noqa: F401,F403
 DEBUG = True
 SECRET_KEY = "django-insecure-development-only-never-use-in-production"
 ALLOWED_HOSTS = ["127.0.0.1", "localhost", "[::1]"]
+SERVE_STATIC = True  # config.asgi serves /static/ itself

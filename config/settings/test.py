@@ -16,3 +16,10 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["TEST"] = {"NAME": str(RUN_DIR / f"test-{os.getpid()}.sqlite3")}
 else:
     DATABASES["default"]["TEST"] = {"NAME": f"test_run_{os.getpid()}"}
+
+# Processes the tests start (a Celery worker) use this run's test database: the tests pass its
+# resolved name, since the name above is per process. Likewise their job stage time.
+if os.environ.get("TEST_DATABASE_NAME"):
+    DATABASES["default"]["NAME"] = os.environ["TEST_DATABASE_NAME"]
+EVENTBUS = {"STAGE_SECONDS": float(os.environ.get("EVENTBUS_STAGE_SECONDS", 0))}
+SERVE_STATIC = True  # config.asgi serves /static/ itself

@@ -5,7 +5,7 @@ import math
 import uuid
 from datetime import timedelta
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, router, transaction
 
 from ..models import IdempotencyRecord
 from ..responses import StoredResponse
@@ -29,8 +29,7 @@ class DatabaseStore(BaseStore):
                 "response_body": None, "completed_at": None,
             }
             try:
-                with transaction.atomic():
-                    IdempotencyRecord.objects.create(scope=scope, key=key, **lease, **fresh)
+                self._insert(scope=scope, key=key, **lease, **fresh)
                 return Acquisition(Outcome.ACQUIRED, lease=Lease(scope, key, token, fingerprint, expires_at))
             except IntegrityError:
                 pass
@@ -57,6 +56,18 @@ class DatabaseStore(BaseStore):
                     takeover=record.state == State.PENDING,
                 )
         return Acquisition(Outcome.IN_FLIGHT, retry_after=1)
+
+    @staticmethod
+    def _insert(**fields) -> None:
+        """INSERT the record; IntegrityError when (scope, key) exists. Inside a transaction, in a
+        savepoint so that the transaction stays usable after the conflict; in autocommit the
+        INSERT is a transaction by itself, and BEGIN/COMMIT would only add two round trips."""
+        using = router.db_for_write(IdempotencyRecord)
+        if transaction.get_connection(using).in_atomic_block:
+            with transaction.atomic(using=using):
+                IdempotencyRecord.objects.using(using).create(**fields)
+        else:
+            IdempotencyRecord.objects.using(using).create(**fields)
 
     @staticmethod
     def _take_over(record, changes) -> bool:

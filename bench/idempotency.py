@@ -1,0 +1,684 @@
+#!/usr/bin/env python
+"""Benchmark of the Idempotency-Key layer (SPEC §9): a script, never a test.
+
+One run, one server. It starts a private Redis, creates a database of its own (on the
+PostgreSQL server of DATABASE_URL, or postgres://postgres@127.0.0.1:5432/test when that
+answers; else a SQLite file, with a warning: the SPEC target is for PostgreSQL), migrates it,
+creates a user and a DRF token, starts one gunicorn server (gthread workers; `--server daphne`
+for the project's ASGI server) with bench/settings.py, and drives the jobs create
+(validate, accept an Operation, 201) through keep-alive connections:
+
+    baseline     /bench/baseline/  the same view without any idempotency layer
+    ours:first   /api/jobs/        our middleware, every request a new key
+    ours:replay  /api/jobs/        replays of keys ours completed (CachedStore: from Redis)
+    drf-idem:*   /bench/drf-idem/  drf-idempotency, first requests and replays
+    dik:*        /bench/dik/       django-idempotency-key, first requests and replays
+
+Scenarios are warmed up once, then measured for --rounds rounds in a rotating order; the
+table gives the medians. Requests/s counts only the expected answers (201; a replay must
+also carry Idempotent-Replayed: true where the layer sends it); anything else is an error.
+It prints the SPEC §9 checks as PASS/MISS, writes the results section of
+bench/REPORT-idempotency.md and the raw figures to bench/results/.
+
+    .venv/bin/python bench/idempotency.py [--duration 6] [--rounds 3] [--connections 16]
+
+Needs the packages of bench/requirements.txt (gunicorn and the two peers); `make bench`
+installs them into the virtualenv first.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import os
+import platform
+import random
+import shlex
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+DEFAULT_PG = "postgres://postgres@127.0.0.1:5432/test"
+REPORT = ROOT / "bench" / "REPORT-idempotency.md"
+RESULTS_DIR = ROOT / "bench" / "results"
+BEGIN, END = "<!-- bench:results:begin -->", "<!-- bench:results:end -->"
+BODY = json.dumps({"domain": "scan", "payload": {"source": "bench", "items": [1, 2, 3]}}).encode()
+
+
+# --- the database ---------------------------------------------------------------------------
+
+def _pg_reachable(url: str) -> bool:
+    import psycopg
+
+    parts = urlsplit(url)
+    try:
+        with psycopg.connect(_pg_conninfo(parts), connect_timeout=3):
+            return True
+    except Exception:
+        return False
+
+
+def _pg_conninfo(parts, dbname: str | None = None) -> str:
+    import psycopg.conninfo
+
+    return psycopg.conninfo.make_conninfo(
+        host=parts.hostname or "127.0.0.1", port=parts.port or 5432, user=parts.username or "postgres",
+        password=parts.password or None, dbname=dbname or parts.path.lstrip("/") or "postgres",
+    )
+
+
+class BenchDatabase:
+    """A database of the bench's own: created now, dropped by `drop()`."""
+
+    def __init__(self):
+        self.name = f"bench_idem_{os.getpid()}"
+        url = os.environ.get("DATABASE_URL")
+        self.warning = None
+        if url and not url.startswith(("postgres", "pgsql")):
+            self.vendor, self.url = "sqlite", None
+            self.warning = f"DATABASE_URL={url} is not PostgreSQL: the bench runs on SQLite"
+        elif url or _pg_reachable(DEFAULT_PG):
+            self.vendor, self.server_url = "postgresql", url or DEFAULT_PG
+        else:
+            self.vendor = "sqlite"
+            self.warning = f"no DATABASE_URL and no PostgreSQL at {DEFAULT_PG}: the bench runs on SQLite"
+        if self.vendor == "sqlite":
+            self.path = Path(tempfile.gettempdir()) / f"{self.name}.sqlite3"
+            self.url = f"sqlite:///{self.path}"
+            self.version = "SQLite " + __import__("sqlite3").sqlite_version
+        self.created = False
+
+    def create(self) -> None:
+        if self.vendor == "sqlite":
+            self.created = True
+            return
+        import psycopg
+
+        parts = urlsplit(self.server_url)
+        with psycopg.connect(_pg_conninfo(parts), autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{self.name}"')
+            conn.execute(f'CREATE DATABASE "{self.name}"')
+            self.version = "PostgreSQL " + conn.execute("SHOW server_version").fetchone()[0]
+        self.created = True
+        self.url = urlunsplit(parts._replace(path="/" + self.name))
+
+    def backend_pids(self) -> list[int]:
+        """The PostgreSQL server processes serving the bench database (the server's persistent
+        connections), when the server runs on this machine."""
+        import psycopg
+
+        with psycopg.connect(_pg_conninfo(urlsplit(self.server_url)), autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()", (self.name,)
+            ).fetchall()
+        return [pid for (pid,) in rows if Path(f"/proc/{pid}").exists()]
+
+    def drop(self) -> None:
+        if not self.created:
+            return
+        self.created = False
+        if self.vendor == "sqlite":
+            for suffix in ("", "-wal", "-shm"):
+                Path(str(self.path) + suffix).unlink(missing_ok=True)
+            return
+        import psycopg
+
+        with psycopg.connect(_pg_conninfo(urlsplit(self.server_url)), autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+
+
+# --- the server -----------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (0 when it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(entry.name))
+            except (OSError, IndexError, ValueError):
+                pass
+    return found
+
+
+class CpuMeter:
+    """CPU seconds used by the server's processes, the bench database's PostgreSQL backends
+    and Redis while a scenario runs: what a request costs, whatever else the machine runs."""
+
+    def __init__(self, server: "Server", redis_pid: int, db: "BenchDatabase"):
+        self.server, self.redis_pid, self.db = server, redis_pid, db
+
+    def _pids(self) -> dict[str, list[int]]:
+        pids = {"server": [self.server.process.pid, *children(self.server.process.pid)], "redis": [self.redis_pid]}
+        pids["postgres"] = self.db.backend_pids() if self.db.vendor == "postgresql" else []
+        return pids
+
+    def snapshot(self) -> dict[tuple[str, int], float]:
+        return {(part, pid): cpu_seconds(pid) for part, pids in self._pids().items() for pid in pids}
+
+    def since(self, before: dict) -> dict[str, float]:
+        used = {"server": 0.0, "postgres": 0.0, "redis": 0.0}
+        for (part, pid), seconds in self.snapshot().items():
+            used[part] += seconds - before.get((part, pid), 0.0)
+        return used
+
+
+class Server:
+    def __init__(self, kind: str, port: int, env: dict, workers: int, threads: int, log: Path):
+        self.port, self.log = port, log
+        if kind == "gunicorn":
+            self.command = [
+                sys.executable, "-m", "gunicorn", "--bind", f"127.0.0.1:{port}",
+                "--worker-class", "gthread", "--workers", str(workers), "--threads", str(threads),
+                "--keep-alive", "75", "--backlog", "2048", "--log-level", "warning",
+                "django.core.wsgi:get_wsgi_application()",
+            ]
+            self.description = f"gunicorn gthread, {workers} workers x {threads} threads (WSGI)"
+        else:
+            self.command = [
+                sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "-v", "0",
+                "config.asgi:application",
+            ]
+            self.description = "daphne, 1 process (ASGI, Django's thread per request)"
+        self.env = env
+        self.process = None
+
+    def start(self, timeout: float = 30.0) -> None:
+        self._log_file = open(self.log, "wb")
+        self.process = subprocess.Popen(
+            self.command, cwd=ROOT, env=self.env, stdout=self._log_file, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                break
+            try:
+                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
+                return
+            except OSError:
+                time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"the server did not start:\n{self.log.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        self.process = None
+        if getattr(self, "_log_file", None):
+            self._log_file.close()
+
+
+# --- the load -------------------------------------------------------------------------------
+
+@dataclass
+class Scenario:
+    name: str
+    path: str
+    layer: str  # whose key pool: "ours", "drf-idem", "dik"; "" for the baseline
+    replay: bool = False
+    replay_header: bool = False  # the layer marks replays with Idempotent-Replayed: true
+    label: str = ""
+
+
+SCENARIOS = [
+    Scenario("baseline", "/bench/baseline/", "", label="baseline: no idempotency layer"),
+    Scenario("ours:first", "/api/jobs/", "ours", label="ours: first requests"),
+    Scenario("ours:replay", "/api/jobs/", "ours", replay=True, replay_header=True, label="ours: replays"),
+    Scenario("drf-idem:first", "/bench/drf-idem/", "drf-idem", label="drf-idempotency: first requests"),
+    Scenario("drf-idem:replay", "/bench/drf-idem/", "drf-idem", replay=True, replay_header=True,
+             label="drf-idempotency: replays"),
+    Scenario("dik:first", "/bench/dik/", "dik", label="django-idempotency-key: first requests"),
+    Scenario("dik:replay", "/bench/dik/", "dik", replay=True, label="django-idempotency-key: replays"),
+]
+
+
+@dataclass
+class Run:
+    ok: int = 0
+    errors: dict = field(default_factory=dict)
+    error_sample: str = ""
+    latencies: list = field(default_factory=list)
+    elapsed: float = 0.0
+    completed_keys: list = field(default_factory=list)
+    cpu: dict = field(default_factory=dict)  # CPU seconds by part (server, postgres, redis)
+
+    def cpu_ms(self, part: str | None = None) -> float:
+        if not self.ok or not self.cpu:
+            return float("nan")
+        seconds = sum(self.cpu.values()) if part is None else self.cpu[part]
+        return seconds / self.ok * 1000
+
+    @property
+    def rps(self) -> float:
+        return self.ok / self.elapsed if self.elapsed else 0.0
+
+    def pct(self, q: float) -> float:
+        if not self.latencies:
+            return float("nan")
+        ordered = sorted(self.latencies)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
+
+
+class Load:
+    def __init__(self, port: int, token: str, connections: int, run_id: str):
+        self.port, self.token, self.connections, self.run_id = port, token, connections, run_id
+        self.pools: dict[str, list[str]] = {"ours": [], "drf-idem": [], "dik": []}
+        self.counter = 0
+
+    def request(self, path: str, key: str) -> bytes:
+        return (
+            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{self.port}\r\n"
+            f"Authorization: Token {self.token}\r\nContent-Type: application/json\r\n"
+            f"Accept: application/json\r\nIdempotency-Key: {key}\r\nContent-Length: {len(BODY)}\r\n\r\n"
+        ).encode() + BODY
+
+    def run(self, scenario: Scenario, duration: float, tag: str) -> Run:
+        return asyncio.run(self._run(scenario, duration, tag))
+
+    async def _run(self, scenario: Scenario, duration: float, tag: str) -> Run:
+        result = Run()
+        pool = self.pools.get(scenario.layer, [])
+        if scenario.replay:
+            if not pool:
+                raise RuntimeError(f"{scenario.name}: no completed key to replay")
+            replay_keys = pool[:]
+            random.shuffle(replay_keys)
+        start = time.perf_counter()
+        deadline = start + duration
+        next_replay = 0
+
+        def next_key() -> str:
+            nonlocal next_replay
+            if scenario.replay:
+                key = replay_keys[next_replay % len(replay_keys)]
+                next_replay += 1
+                return key
+            self.counter += 1
+            return f"{self.run_id}-{tag}-{self.counter}"
+
+        async def connection():
+            reader = writer = None
+            while time.perf_counter() < deadline:
+                if writer is None:
+                    reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+                key = next_key()
+                sent = time.perf_counter()
+                writer.write(self.request(scenario.path, key))
+                try:
+                    status, headers, body = await read_response(reader)
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    writer.close()
+                    reader = writer = None
+                    result.errors["connection lost"] = result.errors.get("connection lost", 0) + 1
+                    continue
+                done = time.perf_counter()
+                if done > deadline:
+                    break
+                expected = status == 201 and (
+                    not (scenario.replay and scenario.replay_header)
+                    or headers.get("idempotent-replayed") == "true"
+                )
+                if expected:
+                    result.ok += 1
+                    result.latencies.append(done - sent)
+                    if not scenario.replay and scenario.layer:
+                        result.completed_keys.append(key)
+                else:
+                    label = f"HTTP {status}" + (" not marked replayed" if status == 201 else "")
+                    result.errors[label] = result.errors.get(label, 0) + 1
+                    result.error_sample = result.error_sample or body[:300].decode(errors="replace")
+                if headers.get("connection") == "close":
+                    writer.close()
+                    reader = writer = None
+            if writer is not None:
+                writer.close()
+
+        await asyncio.gather(*(connection() for _ in range(self.connections)))
+        result.elapsed = time.perf_counter() - start
+        if scenario.layer and not scenario.replay:
+            self.pools[scenario.layer].extend(result.completed_keys)
+        return result
+
+
+async def read_response(reader) -> tuple[int, dict, bytes]:
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split(" ", 2)[1])
+    headers = {}
+    for line in lines[1:]:
+        if ":" in line:
+            name, value = line.split(":", 1)
+            headers[name.strip().lower()] = value.strip()
+    body = await reader.readexactly(int(headers.get("content-length", "0")))
+    return status, headers, body
+
+
+# --- the report -----------------------------------------------------------------------------
+
+def machine(db: BenchDatabase, server: Server) -> dict:
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import django
+    import drf_idempotency
+    from importlib.metadata import version
+
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": cpu,
+        "python": platform.python_version(),
+        "django": django.get_version(),
+        "database": db.version,
+        "server": server.description,
+        "peers": f"drf-idempotency {drf_idempotency.__version__}, "
+                 f"django-idempotency-key {version('django-idempotency-key')}",
+    }
+
+
+def summarise(runs: dict[str, list[Run]]) -> dict[str, dict]:
+    summary = {}
+    for name, rs in runs.items():
+        errors: dict[str, int] = {}
+        for r in rs:
+            for label, n in r.errors.items():
+                errors[label] = errors.get(label, 0) + n
+        summary[name] = {
+            "rps": statistics.median(r.rps for r in rs),
+            "rps_rounds": [round(r.rps, 1) for r in rs],
+            "cpu_rounds": [sum(r.cpu.values()) / r.ok * 1000 if r.ok else float("nan") for r in rs],
+            "p50": statistics.median(r.pct(0.50) for r in rs),
+            "p99": statistics.median(r.pct(0.99) for r in rs),
+            "requests": sum(r.ok for r in rs),
+            "cpu_ms": {part: statistics.median(r.cpu_ms(part) for r in rs) for part in ("server", "postgres", "redis")},
+            "errors": errors,
+            "error_sample": next((r.error_sample for r in rs if r.error_sample), ""),
+        }
+    return summary
+
+
+def checks(s: dict[str, dict]) -> list[tuple[str, float, str, bool]]:
+    """Each ratio is the median over the rounds of the two scenarios' ratio within a round
+    (they ran minutes apart at most), which the machine's other load disturbs least."""
+
+    def ratio(a, b):
+        pairs = zip(s[a]["rps_rounds"], s[b]["rps_rounds"])
+        return statistics.median(x / y if y else 0.0 for x, y in pairs)
+
+    rows = [
+        ("first requests >= 85% of baseline (cost <= 15%)", ratio("ours:first", "baseline"), ">= 0.85", 0.85),
+        ("replays >= 2x first execution", ratio("ours:replay", "ours:first"), ">= 2.00", 2.0),
+        ("first requests >= drf-idempotency", ratio("ours:first", "drf-idem:first"), ">= 1.00", 1.0),
+        ("first requests >= django-idempotency-key", ratio("ours:first", "dik:first"), ">= 1.00", 1.0),
+        ("replays >= drf-idempotency", ratio("ours:replay", "drf-idem:replay"), ">= 1.00", 1.0),
+        ("replays >= django-idempotency-key", ratio("ours:replay", "dik:replay"), ">= 1.00", 1.0),
+    ]
+    return [(name, value, target, value >= bound) for name, value, target, bound in rows]
+
+
+def render(summary, check_rows, meta) -> str:
+    base = summary["baseline"]["rps"]
+    out = [
+        "| scenario | requests/s | p50 ms | p99 ms | vs baseline | CPU ms/request: server + PostgreSQL + Redis "
+        "| requests (all rounds) | errors |",
+        "|---|---:|---:|---:|---:|---|---:|---|",
+    ]
+    for sc in SCENARIOS:
+        s = summary[sc.name]
+        errors = ", ".join(f"{k}: {v}" for k, v in s["errors"].items()) or "0"
+        cpu = s["cpu_ms"]
+        out.append(
+            f"| {sc.label} | {s['rps']:.0f} | {s['p50']:.1f} | {s['p99']:.1f} | {s['rps'] / base:.2f}x | "
+            f"{cpu['server']:.2f} + {cpu['postgres']:.2f} + {cpu['redis']:.2f} = {sum(cpu.values()):.2f} | "
+            f"{s['requests']} | {errors} |"
+        )
+    out += ["", "| SPEC §9 target (ratio: median over rounds of the ratio within a round) | ratio | target | result |",
+            "|---|---:|---:|---|"]
+    for name, value, target, ok in check_rows:
+        out.append(f"| {name} | {value:.3f} | {target} | {'PASS' if ok else 'MISS'} |")
+    def cpu(name):
+        return statistics.median(summary[name]["cpu_rounds"])
+
+    out += [
+        "",
+        f"CPU per request (server + PostgreSQL + Redis, all rounds' median): ours first requests "
+        f"{cpu('ours:first'):.2f} ms vs baseline {cpu('baseline'):.2f} ms "
+        f"({(cpu('ours:first') / cpu('baseline') - 1) * 100:+.0f}%); ours replays {cpu('ours:replay'):.2f} ms. "
+        "CPU ms/request divides the CPU a scenario used by its expected answers (errors' CPU included).",
+        "",
+        "Requests/s per round (median above): " + "; ".join(f"{name} {s['rps_rounds']}" for name, s in summary.items()),
+    ]
+    return "\n".join(out)
+
+
+def write_report(table: str, meta: dict) -> None:
+    section = "\n".join([
+        BEGIN,
+        f"Run of {meta['date']}, command: `{meta['command']}`",
+        "",
+        f"Machine: {meta['nproc']} CPUs ({meta['cpu']}), Python {meta['python']}, Django {meta['django']}, "
+        f"{meta['database']}, Redis {meta['redis']}; server: {meta['server']}; client: {meta['client']}; "
+        f"peers: {meta['peers']}. Load average of the machine (1 min): {meta['load']} "
+        f"(on {meta['nproc']} CPUs; anything above what this bench uses is other work competing for them).",
+        "",
+        table,
+        END,
+    ])
+    text = REPORT.read_text() if REPORT.exists() else "# Idempotency benchmark\n\n" + BEGIN + "\n" + END + "\n"
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        text = head + section + rest.split(END, 1)[1]
+    else:
+        text = text.rstrip() + "\n\n" + section + "\n"
+    REPORT.write_text(text)
+
+
+# --- main -----------------------------------------------------------------------------------
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--duration", type=float, default=4.0, help="seconds per scenario and round")
+    parser.add_argument("--warmup", type=float, default=2.0, help="seconds of warm-up per scenario")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--connections", type=int, default=16, help="keep-alive connections in flight")
+    parser.add_argument("--server", choices=("gunicorn", "daphne"), default="gunicorn")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 2, help="gunicorn workers")
+    parser.add_argument("--threads", type=int, default=4, help="threads per gunicorn worker")
+    parser.add_argument("--only", help="comma-separated scenario names (profiling); no report")
+    parser.add_argument("--no-report", action="store_true", help="do not write bench/REPORT-idempotency.md")
+    args = parser.parse_args()
+
+    missing = [m for m in ("gunicorn", "drf_idempotency", "idempotency_key") if not _importable(m)]
+    if missing:
+        print(f"missing {', '.join(missing)}: run `{sys.executable} -m pip install -r bench/requirements.txt`"
+              " (or `make bench`)", file=sys.stderr)
+        return 2
+
+    from config.redis_server import RedisServer
+
+    db = BenchDatabase()
+    if db.warning:
+        print(f"WARNING: {db.warning}. The SPEC §9 targets are for PostgreSQL.", file=sys.stderr)
+    redis_server = server = None
+    tmp = tempfile.TemporaryDirectory(prefix="bench-idem-")
+    previous = {sig: signal.signal(sig, _interrupted) for sig in (signal.SIGTERM,)}
+    try:
+        db.create()
+        redis_server = RedisServer().start()
+        env = {
+            **os.environ, "DJANGO_SETTINGS_MODULE": "bench.settings", "DATABASE_URL": db.url,
+            "REDIS_URL": redis_server.url, "PYTHONPATH": str(ROOT), "BENCH_SERVER": args.server,
+        }
+        if args.server == "daphne" or args.workers == 1:
+            env["BENCH_ONE_PROCESS"] = "1"  # django-idempotency-key's in-process lock suffices
+        os.environ.update({k: env[k] for k in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "REDIS_URL")})
+        token = _prepare_django()
+        port = free_port()
+        server = Server(args.server, port, env, args.workers, args.threads, Path(tmp.name) / "server.log")
+        print(f"database {db.version} ({db.name}), redis {redis_server.url}, {server.description} on :{port}")
+        server.start()
+        meter = CpuMeter(server, redis_server.process.pid, db)
+
+        scenarios = [s for s in SCENARIOS if not args.only or s.name in args.only.split(",")]
+        load = Load(port, token, args.connections, uuid.uuid4().hex[:8])
+        load_before = os.getloadavg()
+        print(f"warm-up: {args.warmup:g} s per scenario")
+        for sc in scenarios:
+            run = _measure(load, sc, args.warmup, "w", meter)
+            if run.errors:
+                print(f"  {sc.name}: {run.errors}; sample: {run.error_sample!r}")
+        runs: dict[str, list[Run]] = {sc.name: [] for sc in scenarios}
+        for rnd in range(args.rounds):
+            shift = rnd * 2 % len(scenarios)
+            order = scenarios[shift:] + scenarios[:shift]
+            print(f"round {rnd + 1}/{args.rounds}: " + ", ".join(sc.name for sc in order))
+            for sc in order:
+                run = _measure(load, sc, args.duration, f"r{rnd}", meter)
+                runs[sc.name].append(run)
+                print(f"  {sc.name:16} {run.rps:8.1f} req/s  p50 {run.pct(0.5):6.1f} ms  "
+                      f"p99 {run.pct(0.99):6.1f} ms  CPU/req {run.cpu_ms():5.2f} ms  "
+                      f"errors {sum(run.errors.values())}")
+
+        summary = summarise(runs)
+        for name, s in summary.items():
+            if s["errors"]:
+                print(f"{name}: errors {s['errors']}; sample: {s['error_sample']!r}")
+        if args.only:
+            return 0
+        check_rows = checks(summary)
+        meta = {
+            **machine(db, server),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "command": shlex.join([_python(), "bench/idempotency.py", *sys.argv[1:]]),
+            "load": f"{load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after",
+            "redis": _redis_version(redis_server.url),
+            "client": f"asyncio, {args.connections} keep-alive connections, {args.rounds} rounds x "
+                      f"{args.duration:g} s per scenario (rotating order) after {args.warmup:g} s warm-up",
+        }
+        table = render(summary, check_rows, meta)
+        print()
+        print(table)
+        print()
+        for name, value, target, ok in check_rows:
+            print(f"{'PASS' if ok else 'MISS'}  {name}: {value:.3f} (target {target})")
+        RESULTS_DIR.mkdir(exist_ok=True)
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        (RESULTS_DIR / f"idempotency-{stamp}.json").write_text(json.dumps(
+            {"meta": meta, "summary": summary, "checks": check_rows}, indent=2))
+        if not args.no_report:
+            write_report(table, meta)
+            print(f"\nwritten: {REPORT.relative_to(ROOT)}")
+        return 0
+    finally:
+        if server:
+            server.stop()
+        try:
+            from django.db import connections
+
+            connections.close_all()
+        except Exception:
+            pass
+        if redis_server:
+            redis_server.stop()
+        db.drop()
+        tmp.cleanup()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _measure(load: Load, sc: Scenario, duration: float, tag: str, meter: CpuMeter) -> Run:
+    from idempotency.models import Operation
+
+    before = Operation.objects.count() if sc.replay else 0
+    cpu_before = meter.snapshot()
+    run = load.run(sc, duration, tag)
+    run.cpu = meter.since(cpu_before)
+    if sc.replay:
+        executed = Operation.objects.count() - before
+        if executed:
+            run.errors["view executed on replay"] = executed
+    return run
+
+
+def _prepare_django() -> str:
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    call_command("migrate", verbosity=0, interactive=False)
+    from django.contrib.auth import get_user_model
+    from rest_framework.authtoken.models import Token
+
+    user = get_user_model().objects.create_user("bench", password=uuid.uuid4().hex)
+    return Token.objects.create(user=user).key
+
+
+def _redis_version(url: str) -> str:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        return client.info("server")["redis_version"]
+    finally:
+        client.close()
+
+
+def _python() -> str:
+    try:
+        return os.path.relpath(sys.executable, ROOT) if Path(sys.executable).is_relative_to(ROOT) else "python"
+    except ValueError:
+        return "python"
+
+
+def _importable(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def _interrupted(signum, frame):
+    raise KeyboardInterrupt
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""System checks: the TTLs of the bus must outlive the retries they guard (SPEC §5).
+
+A dedup key that expires while a copy of its event can still come (a reclaim, a Celery
+redelivery after the visibility timeout) lets the copy through: exactly-once is lost.
+"""
+
+from django.conf import settings
+from django.core.checks import Error, register
+from django.core.exceptions import ImproperlyConfigured
+
+from .conf import eventbus_settings
+
+
+def _visibility_timeout() -> float:
+    options = getattr(settings, "CELERY_BROKER_TRANSPORT_OPTIONS", None) or {}
+    return options.get("visibility_timeout", 3600)
+
+
+@register()
+def check_ttls(app_configs=None, **kwargs):
+    try:
+        s = eventbus_settings
+        dedup, router_dedup, state, history = s.DEDUP_TTL, s.ROUTER_DEDUP_TTL, s.STATE_TTL, s.HISTORY_TTL
+        reclaim_horizon = s.RECLAIM_MIN_IDLE_MS / 1000 * s.MAX_DELIVERIES
+        domains = s.DOMAINS
+    except ImproperlyConfigured as exc:
+        return [Error(str(exc), id="eventbus.E001")]
+    errors = []
+    if (
+        not isinstance(domains, dict)
+        or not domains
+        or not all(isinstance(n, int) and n > 0 for n in domains.values())
+    ):
+        errors.append(Error("EVENTBUS['DOMAINS'] maps each domain to a shard count > 0.", id="eventbus.E002"))
+    visibility = _visibility_timeout()
+    for name, ttl in (("DEDUP_TTL", dedup), ("ROUTER_DEDUP_TTL", router_dedup)):
+        if ttl < reclaim_horizon:
+            errors.append(
+                Error(
+                    f"EVENTBUS[{name!r}] ({ttl}s) is shorter than the reclaim horizon "
+                    f"({reclaim_horizon:g}s = RECLAIM_MIN_IDLE_MS/1000 x MAX_DELIVERIES).",
+                    hint="A reclaimed copy could arrive after its dedup key expired and be applied twice.",
+                    id="eventbus.E003",
+                )
+            )
+        if ttl < visibility:
+            errors.append(
+                Error(
+                    f"EVENTBUS[{name!r}] ({ttl}s) is shorter than Celery's visibility timeout "
+                    f"({visibility}s).",
+                    hint="A task redelivered after the visibility timeout would republish events whose dedup "
+                    "keys are gone.",
+                    id="eventbus.E004",
+                )
+            )
+    if history < state:
+        errors.append(
+            Error(
+                f"EVENTBUS['HISTORY_TTL'] ({history}s) is shorter than EVENTBUS['STATE_TTL'] ({state}s).",
+                hint="A client resuming while the state exists must find the history it backfills from.",
+                id="eventbus.E005",
+            )
+        )
+    return errors

@@ -1,0 +1,98 @@
+"""Stream entries and the events they carry: the one place that knows their fields and JSON.
+
+A stream entry (written by publish.lua) has the fields job_id, domain, stage, seq, prev_seq and
+data (JSON text). The event JSON stored as state and history and sent on the job channel is
+
+    {"type":"event","seq":12,"job_id":"...","domain":"scan","stage":"vision","data":{...},
+     "prev_seq":11,"stream_id":"1700000000000-0"}
+
+`seq` comes first: route.lua reads the stored state's seq with a pattern, not a JSON decoder.
+The object is the gateway's WebSocket frame as it is; prev_seq (the job's event before it, 0
+for the first) lets a consumer of the channel see a gap.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from .keys import JobKeys
+
+FIELDS = (b"job_id", b"domain", b"stage", b"seq", b"prev_seq", b"data")
+# Fields a dead letter adds to the original ones (stripped again by the redrive).
+DEAD_LETTER_FIELDS = (b"reason", b"original_stream_id", b"deliveries")
+
+
+def event_head(*, domain: str, job_id: str, stage: str, seq: int, data_json: str) -> str:
+    """The event JSON up to its data: prev_seq, the stream id and the closing brace follow."""
+    return (
+        f'{{"type":"event","seq":{seq},"job_id":{json.dumps(job_id)},"domain":{json.dumps(domain)},'
+        f'"stage":{json.dumps(stage)},"data":{data_json}'
+    )
+
+
+def event_json(head: str, prev_seq: int, stream_id: str) -> str:
+    """The whole event JSON: publish.lua ends the head the same way."""
+    return f'{head},"prev_seq":{prev_seq},"stream_id":"{stream_id}"}}'
+
+
+class MalformedEntry(ValueError):
+    """A stream entry the router cannot apply, ever: it goes to the dead letters with this reason."""
+
+
+@dataclass(slots=True)
+class RoutedEvent:
+    """A well-formed entry of a shard stream, ready for route.lua."""
+
+    keys: JobKeys
+    stream_id: str
+    seq: int
+    prev_seq: int
+    event: str  # the event JSON
+
+    @property
+    def job_id(self) -> str:
+        return self.keys.job_id
+
+
+def _int_field(fields: dict, name: bytes) -> int:
+    raw = fields[name]
+    if not raw.isdigit():
+        raise MalformedEntry(f"{name.decode()} {raw[:40]!r} is not a non-negative integer")
+    return int(raw)
+
+
+def parse_entry(domain: str, shard: int, stream_id: str, fields: dict[bytes, bytes]) -> RoutedEvent:
+    """The event of one entry of stream (domain, shard); MalformedEntry says why there is none."""
+    missing = [name.decode() for name in FIELDS if name not in fields]
+    if missing:
+        raise MalformedEntry(f"missing field(s): {', '.join(missing)}")
+    try:
+        job_id, entry_domain, stage, data = (
+            fields[name].decode() for name in (b"job_id", b"domain", b"stage", b"data")
+        )
+    except UnicodeDecodeError as exc:
+        raise MalformedEntry(f"a field is not UTF-8: {exc}") from None
+    if entry_domain != domain:
+        raise MalformedEntry(f"domain {entry_domain!r} in the stream of domain {domain!r}")
+    if not job_id or not stage:
+        raise MalformedEntry("empty job_id or stage")
+    seq, prev_seq = _int_field(fields, b"seq"), _int_field(fields, b"prev_seq")
+    if not 0 <= prev_seq < seq:
+        raise MalformedEntry(f"seq {seq} must be above prev_seq {prev_seq} and 0")
+    # All of a job's keys are in its shard's slot; an entry in another shard's stream would
+    # make route.lua touch two slots (CROSSSLOT on a cluster).
+    keys = JobKeys(domain, job_id)
+    if keys.shard != shard:
+        raise MalformedEntry(f"job {job_id!r} belongs to shard {keys.shard}, found in shard {shard}")
+    try:
+        json.loads(data)
+    except ValueError as exc:
+        raise MalformedEntry(f"data is not JSON: {exc}") from None
+    head = event_head(domain=domain, job_id=job_id, stage=stage, seq=seq, data_json=data)
+    return RoutedEvent(keys, stream_id, seq, prev_seq, event_json(head, prev_seq, stream_id))
+
+
+def original_fields(dead_letter: dict[bytes, bytes]) -> dict[bytes, bytes]:
+    """A dead letter's fields as the entry had them in its shard stream."""
+    return {k: v for k, v in dead_letter.items() if k not in DEAD_LETTER_FIELDS}

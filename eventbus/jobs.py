@@ -1,0 +1,202 @@
+"""Jobs: enqueue an accepted Operation once, and run it once (the services behind run_job).
+
+Delivery is at least once (acks_late, reject_on_worker_lost, the sweep), so a job's task can
+arrive twice or run again after a crash. The run is made safe to repeat three ways:
+
+- a job already COMPLETED, FAILED or TIMED_OUT is never run again;
+- a run lease lets one run at a time work on a job: a Redis lock with a token of its own,
+  renewed after every event, released at the end. A second run that finds the lease held
+  raises JobBusy and the task retries once the lease could have expired;
+- a run starts the pipeline from the beginning, and L1 drops every event an earlier run
+  published, so the stream holds each (stage, seq) of the job once.
+"""
+from __future__ import annotations
+
+import logging
+import uuid
+
+import redis
+from django.db import DatabaseError, InterfaceError, OperationalError
+from django.utils import timezone
+from redis.exceptions import LockError
+
+from idempotency.models import Operation
+
+from .conf import eventbus_settings
+from .keys import JobKeys, UnknownDomain
+from .pipelines import Pipeline, UnknownPipeline, final_event, pipeline_for
+from .publish import publish_event
+from .redis import get_redis
+
+logger = logging.getLogger(__name__)
+
+State = Operation.State
+FINAL_STATES = (State.COMPLETED, State.FAILED, State.TIMED_OUT)
+
+# Worth another attempt later rather than failing the job: Redis or the database went away.
+TRANSIENT_ERRORS = (redis.ConnectionError, redis.TimeoutError, OperationalError, InterfaceError)
+MAX_TRANSIENT_RETRIES = 5
+
+
+class JobBusy(Exception):
+    """Another run holds the job's lease; try again in `retry_in` seconds."""
+
+    def __init__(self, job_id: str, retry_in: float):
+        super().__init__(f"Job {job_id} is being run by another task; retry in {retry_in:.1f}s")
+        self.retry_in = retry_in
+
+
+class LeaseLost(Exception):
+    """The run's lease expired and another run took the job over."""
+
+
+class RunLease:
+    """One run of a job at a time: SET NX PX with a token per run (redis-py's Lock).
+
+    The lease only has to outlive the work between two renewals, one stage, so it is short:
+    a run whose worker died holds the job for at most `seconds` more.
+    """
+
+    min_seconds = 5.0
+    stage_multiple = 3
+
+    def __init__(self, operation: Operation, *, client=None):
+        job_id = str(operation.op_id)
+        self.client = client or get_redis()
+        self.seconds = max(self.min_seconds, self.stage_multiple * eventbus_settings.STAGE_SECONDS)
+        self.key = f"{JobKeys(operation.domain, job_id).tag}:run-lease:{job_id}"
+        self.lock = self.client.lock(self.key, timeout=self.seconds, blocking=False, thread_local=False)
+
+    def acquire(self) -> bool:
+        return bool(self.lock.acquire(token=uuid.uuid4().hex))
+
+    def renew(self) -> None:
+        try:
+            self.lock.extend(self.seconds, replace_ttl=True)
+        except LockError as exc:
+            raise LeaseLost(f"Lease {self.key} was lost: {exc}") from exc
+
+    def release(self) -> None:
+        try:
+            self.lock.release()
+        except LockError:
+            pass  # expired, or taken over: it is not ours to release
+        except redis.RedisError:
+            logger.warning("Could not release %s; it expires in %ss", self.key, self.seconds, exc_info=True)
+
+    def retry_in(self) -> float:
+        """Seconds until the lease expires, unless renewed (a little more, never 0)."""
+        return max(self.client.pttl(self.key), 0) / 1000 + 0.2
+
+
+def run(job_id: str, *, fail_on_transient: bool = True) -> str:
+    """Run the job to its end; returns the outcome ("COMPLETED", "FAILED", "TIMED_OUT",
+    "skipped", "missing" or "lease_lost").
+
+    Raises JobBusy while another run holds the job, and one of TRANSIENT_ERRORS when Redis or
+    the database failed and `fail_on_transient` is false (the task retries; on its last
+    attempt the job fails instead).
+    """
+    operation = Operation.objects.filter(pk=job_id).first()
+    if operation is None:
+        logger.warning("Job %s: no such operation, nothing to run", job_id)
+        return "missing"
+    if operation.state in FINAL_STATES:
+        logger.info("Job %s is %s already; not run again", job_id, operation.state)
+        return "skipped"
+    try:
+        pipeline = pipeline_for(operation.domain, operation.payload)
+        lease = RunLease(operation)
+    except (UnknownPipeline, UnknownDomain) as exc:
+        logger.error("Job %s failed: %s", job_id, exc)
+        return _conclude(operation, State.FAILED, error=type(exc).__name__)
+    if not lease.acquire():
+        raise JobBusy(job_id, lease.retry_in())
+    try:
+        operation.refresh_from_db(fields=["state"])  # the lease's previous holder may have finished it
+        if operation.state in FINAL_STATES:
+            return "skipped"
+        if _past_deadline(operation):
+            return _conclude(operation, State.TIMED_OUT)
+        Operation.objects.filter(pk=operation.pk, state=State.PENDING).update(state=State.RUNNING)
+        logger.info("Job %s running (%s, was %s)", job_id, operation.domain, operation.state)
+        return _run_pipeline(operation, pipeline, lease)
+    except LeaseLost as exc:
+        logger.warning("Job %s: %s; its new run finishes it", job_id, exc)
+        return "lease_lost"
+    except TRANSIENT_ERRORS as exc:
+        if not fail_on_transient:
+            logger.warning("Job %s interrupted (%s: %s); it will be retried", job_id, type(exc).__name__, exc)
+            raise
+        logger.exception("Job %s failed: %s, retries exhausted", job_id, type(exc).__name__)
+        return _conclude(operation, State.FAILED, error=type(exc).__name__)
+    except Exception as exc:
+        logger.exception("Job %s failed: %s: %s", job_id, type(exc).__name__, exc)
+        return _conclude(operation, State.FAILED, error=type(exc).__name__)
+    finally:
+        lease.release()
+
+
+def _run_pipeline(operation: Operation, pipeline: Pipeline, lease: RunLease) -> str:
+    job_id = str(operation.op_id)
+    for event in pipeline.events():
+        if _past_deadline(operation):
+            return _conclude(operation, State.TIMED_OUT)
+        publish_event(operation.domain, job_id, event.stage, event.seq, event.data)
+        lease.renew()
+    # The pipeline's last event was the final one; only the database is left to tell.
+    return _record_end(operation, State.COMPLETED)
+
+
+def _past_deadline(operation: Operation) -> bool:
+    if operation.deadline is not None and timezone.now() > operation.deadline:
+        logger.warning("Job %s passed its deadline %s", operation.op_id, operation.deadline.isoformat())
+        return True
+    return False
+
+
+def _conclude(operation: Operation, state: str, **data) -> str:
+    """End a job that did not complete: its final event (best effort), then its state."""
+    event = final_event(state, **data)
+    try:
+        publish_event(operation.domain, str(operation.op_id), event.stage, event.seq, event.data)
+    except Exception as exc:
+        logger.warning("Job %s: could not publish its final %s event: %r", operation.op_id, state, exc)
+    return _record_end(operation, state)
+
+
+def _record_end(operation: Operation, state: str) -> str:
+    ended = Operation.objects.filter(pk=operation.pk, state__in=(State.PENDING, State.RUNNING)).update(
+        state=state, completed_at=timezone.now()
+    )
+    if ended:
+        logger.info("Job %s %s", operation.op_id, state)
+    return state
+
+
+def enqueue(operation: Operation) -> bool:
+    """Send the operation's run_job task, then record enqueued_at. True when it was sent.
+
+    Runs after the accepting transaction committed (accept(on_accepted=enqueue)), so it never
+    raises: the client's 201 stands either way. When the broker is unreachable it gives up
+    fast (CELERY_BROKER_TRANSPORT_OPTIONS) and leaves enqueued_at NULL; the sweep
+    (eventbus.sweep.enqueue_pending) sends the task later. The task id is the job id, so a
+    duplicate message of one job is recognisable (and harmless: see `run`).
+    """
+    from .tasks import run_job
+
+    job_id = str(operation.op_id)
+    try:
+        run_job.apply_async((job_id,), task_id=job_id, retry=False)
+    except Exception:
+        logger.warning(
+            "Job %s not enqueued (broker unreachable?); the sweep will enqueue it", job_id, exc_info=True
+        )
+        return False
+    now = timezone.now()
+    try:
+        Operation.objects.filter(pk=operation.pk, enqueued_at__isnull=True).update(enqueued_at=now)
+    except DatabaseError:
+        logger.warning("Job %s enqueued, but enqueued_at not recorded; the sweep may send it again", job_id)
+    operation.enqueued_at = now
+    return True

@@ -1,0 +1,144 @@
+"""L1: publish job events to their shard stream exactly once, in seq order (publish.lua).
+
+    publish_event("scan", job_id, "vision", 10, {"progress": 0.5})  # True: published
+    publish_event("scan", job_id, "vision", 10, {"progress": 0.5})  # False: duplicate
+    publish_events([Event("scan", job_id, "vision", 11, {...}), ...])  # one round trip
+
+A task that runs again republishes the same (stage, seq): the dedup key drops the copy. A new
+event whose seq is not above the job's last published seq is refused (OutOfOrderEvent): the
+router applies a job's events strictly after their predecessor, so it must not be written.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any, Iterable, Mapping, NamedTuple
+
+from redis.exceptions import ResponseError
+
+from . import metrics
+from .conf import eventbus_settings
+from .entries import event_head
+from .keys import JobKeys
+from .redis import get_redis
+from .scripts import PUBLISH, ScriptCall, run_pipelined
+
+# One encoder, not one per json.dumps() call with options. allow_nan=False: NaN and Infinity
+# are not JSON, and a browser's JSON.parse refuses them.
+_encode = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+
+
+class Event(NamedTuple):
+    domain: str
+    job_id: str
+    stage: str
+    seq: int
+    data: Any
+
+
+class InvalidEvent(ValueError):
+    """The event cannot be published as given (unknown domain, bad seq, data not JSON...)."""
+
+
+class OutOfOrderEvent(ValueError):
+    """A new event whose seq is not above the job's last published seq."""
+
+    def __init__(self, event: Event, last_seq: int, results: list | None = None):
+        self.event, self.last_seq = event, last_seq
+        # publish_events: what happened to each event of the batch (None: refused).
+        self.results = results
+        super().__init__(
+            f"Event seq {event.seq} ({event.stage}) of {event.domain} job {event.job_id} refused: "
+            f"the job's last published seq is {last_seq}; a job's events are published in increasing seq."
+        )
+
+
+def _prepare(event: Event) -> tuple[ScriptCall, tuple[str, str]]:
+    """The script call of a valid event, and its metric labels; InvalidEvent otherwise."""
+    domain, job_id, stage, seq, data = event
+    if not isinstance(domain, str) or domain not in eventbus_settings.DOMAINS:
+        raise InvalidEvent(f"Unknown domain {domain!r}; configured: {sorted(eventbus_settings.DOMAINS)}")
+    job_id = str(job_id)
+    if not job_id:
+        raise InvalidEvent("job_id is empty")
+    if not isinstance(stage, str) or not stage:
+        raise InvalidEvent(f"stage must be a non-empty string, not {stage!r}")
+    if type(seq) is not int or seq <= 0:
+        raise InvalidEvent(f"seq must be an int > 0, not {seq!r}")
+    try:
+        data_json = _encode(data)
+    except (TypeError, ValueError) as exc:
+        raise InvalidEvent(f"data of seq {seq} is not JSON-serialisable: {exc}") from None
+    keys = JobKeys(domain, job_id)
+    head = event_head(domain=domain, job_id=job_id, stage=stage, seq=seq, data_json=data_json)
+    settings = eventbus_settings
+    call = PUBLISH.call(
+        (keys.published(stage, seq), keys.last_published, keys.state, keys.stream),
+        (
+            seq,
+            settings.STREAM_MAXLEN,
+            settings.DEDUP_TTL,
+            settings.STATE_TTL,
+            job_id,
+            domain,
+            stage,
+            data_json,
+            head,
+        ),
+    )
+    return call, (domain, str(keys.shard))
+
+
+def _out_of_order(error: Exception) -> int | None:
+    """The job's last seq when the error is publish.lua's OUTOFORDER reply."""
+    if isinstance(error, ResponseError) and str(error).startswith("OUTOFORDER "):
+        return int(str(error).split()[1])
+    return None
+
+
+def _publish(batch: list[Event]) -> list:
+    """Run the batch (validated first, all of it); a bool per event, None where refused."""
+    prepared = [_prepare(event) for event in batch]
+    replies = run_pipelined(get_redis(), [call for call, _ in prepared])
+    results: list = []
+    counts: Counter = Counter()
+    refused = None
+    for event, (_, labels), reply in zip(batch, prepared, replies):
+        if isinstance(reply, Exception):
+            last_seq = _out_of_order(reply)
+            if last_seq is None:
+                raise reply
+            results.append(None)
+            refused = refused or (event, last_seq)
+            continue
+        results.append(reply == 1)
+        counts[labels, reply == 1] += 1
+    for (labels, published), n in counts.items():
+        if published:
+            metrics.PUBLISHED.labels(*labels).inc(n)
+        else:
+            metrics.DUPLICATES.labels(*labels, "L1").inc(n)
+    if refused:
+        raise OutOfOrderEvent(*refused, results=results)
+    return results
+
+
+def publish_event(domain: str, job_id: str, stage: str, seq: int, data: Any) -> bool:
+    """Publish one event; True when published, False when it was a duplicate."""
+    try:
+        [published] = _publish([Event(domain, job_id, stage, seq, data)])
+    except OutOfOrderEvent as exc:
+        raise OutOfOrderEvent(exc.event, exc.last_seq) from None
+    return published
+
+
+def publish_events(events: Iterable[Event | tuple | Mapping]) -> list[bool]:
+    """Publish many events in one round trip, in their order; a bool per event as publish_event.
+
+    Every event is validated before anything is sent. A duplicate inside the batch is dropped
+    like any other (the scripts run one after the other). An out-of-order event raises
+    OutOfOrderEvent after the batch ran; its `results` tell what happened to each event.
+    """
+    batch = [Event(**e) if isinstance(e, Mapping) else Event(*e) for e in events]
+    return _publish(batch) if batch else []

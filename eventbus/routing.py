@@ -1,0 +1,118 @@
+"""What the router and the reclaimer share: the shard streams, a delivered entry, and the script
+calls that settle it (route.lua applies and acks it, dead_letter.lua moves and acks it)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from . import metrics
+from .conf import eventbus_settings
+from .entries import MalformedEntry, RoutedEvent, parse_entry
+from .keys import UnknownDomain, dead_letter_key, shard_count, stream_key
+from .scripts import DEAD_LETTER, ROUTE, ScriptCall
+
+# route.lua's replies.
+DUPLICATE, APPLIED, DEFERRED = 0, 1, 2
+
+
+class Stream:
+    """One shard stream of a domain; its keys and labels computed once (they are hot)."""
+
+    __slots__ = ("domain", "shard", "key", "dead_letters", "labels")
+
+    def __init__(self, domain: str, shard: int):
+        self.domain, self.shard = domain, shard
+        self.key = stream_key(domain, shard)
+        self.dead_letters = dead_letter_key(domain, shard)
+        self.labels = (domain, str(shard))
+
+    def __eq__(self, other):
+        return isinstance(other, Stream) and (self.domain, self.shard) == (other.domain, other.shard)
+
+    def __hash__(self):
+        return hash((self.domain, self.shard))
+
+    def __repr__(self):
+        return f"<Stream {self.key}>"
+
+
+def streams_for(domains: Iterable[str] | None = None) -> list[Stream]:
+    """Every shard stream of these domains (default: all of EVENTBUS['DOMAINS'])."""
+    names = list(domains) if domains else list(eventbus_settings.DOMAINS)
+    for name in names:
+        if name not in eventbus_settings.DOMAINS:
+            raise UnknownDomain(f"Unknown domain {name!r}; configured: {sorted(eventbus_settings.DOMAINS)}")
+    return [Stream(name, shard) for name in names for shard in range(shard_count(name))]
+
+
+@dataclass(slots=True)
+class Delivery:
+    """One entry read from a shard stream by a consumer of the group, until it is settled."""
+
+    stream: Stream
+    stream_id: str
+    fields: dict  # bytes -> bytes; empty when the entry was deleted from the stream
+    event: RoutedEvent | None = None
+    malformed: str | None = None  # why the entry can never be applied
+    since: float = field(default_factory=time.monotonic)
+
+    @classmethod
+    def parse(cls, stream: Stream, stream_id, fields: dict | None) -> "Delivery":
+        stream_id = stream_id.decode() if isinstance(stream_id, bytes) else stream_id
+        delivery = cls(stream, stream_id, fields or {})
+        if delivery.fields:
+            try:
+                delivery.event = parse_entry(stream.domain, stream.shard, stream_id, delivery.fields)
+            except MalformedEntry as exc:
+                delivery.malformed = str(exc)
+        return delivery
+
+    @property
+    def deleted(self) -> bool:
+        return not self.fields
+
+    def route_call(self, group: str) -> ScriptCall:
+        event, keys, settings = self.event, self.event.keys, eventbus_settings
+        return ROUTE.call(
+            (keys.applied, keys.router_published(event.seq), keys.state, keys.history, self.stream.key),
+            (
+                event.seq,
+                event.prev_seq,
+                event.event,
+                keys.channel,
+                group,
+                self.stream_id,
+                settings.ROUTER_DEDUP_TTL,
+                settings.STATE_TTL,
+                settings.HISTORY_TTL,
+                settings.HISTORY_MAXLEN,
+            ),
+        )
+
+    def dead_letter_call(self, group: str, reason: str, deliveries: int | None = None) -> ScriptCall:
+        pairs = [item for pair in self.fields.items() for item in pair]
+        return DEAD_LETTER.call(
+            (self.stream.key, self.stream.dead_letters),
+            (group, self.stream_id, reason, "" if deliveries is None else deliveries, *pairs),
+        )
+
+    def settle_call(self, group: str) -> ScriptCall:
+        """The call to make on first sight: dead-letter a malformed entry, route the others."""
+        if self.malformed:
+            return self.dead_letter_call(group, self.malformed)
+        return self.route_call(group)
+
+    def never_applied_reason(self) -> str:
+        return f"predecessor seq {self.event.prev_seq} never applied"
+
+
+def count_route_results(labels: tuple[str, str], result, n: int = 1, *, retry: bool = False) -> None:
+    """Metrics of n route.lua results of one shard (a retried deferral is not a new one)."""
+    if result == APPLIED:
+        metrics.APPLIED.labels(*labels).inc(n)
+    elif result == DUPLICATE:
+        metrics.DUPLICATES.labels(*labels, "L2").inc(n)
+    elif result == DEFERRED and not retry:
+        metrics.DEFERRED.labels(*labels).inc(n)

@@ -1,0 +1,14 @@
+"""GATEWAY settings, read through one accessor (see idempotency.conf.AppSettings)."""
+from idempotency.conf import AppSettings
+
+DEFAULTS = {
+    # Frames waiting for one socket; a socket that falls this far behind is closed with 4008
+    # (it resumes with last_seq and loses nothing).
+    "QUEUE_SIZE": 1000,
+    # How long a new socket waits for its channel subscription to be confirmed.
+    "SUBSCRIBE_TIMEOUT": 5.0,
+    # Pause before the hub reconnects after Redis dropped its connection (doubles up to 2 s).
+    "RECONNECT_DELAY": 0.05,
+}
+
+gateway_settings = AppSettings("GATEWAY", DEFAULTS)

@@ -1,0 +1,202 @@
+"""The job stream: /ws/jobs/<job_id>/?last_seq=N sends every event of the job with
+seq > N, in seq order, each once, across reconnects.
+
+A socket subscribes to the job's channel first, then backfills from the job's history, then
+streams live events. Every event carries `prev_seq` (the job's event before it), so the
+socket can tell "next in line" (prev_seq <= last sent: send it), "already sent" (seq <= last
+sent: drop it) and "something is missing" (prev_seq > last sent: backfill from history).
+When the history no longer holds what is missing, the client gets a `reset` frame with the
+job's state snapshot and `recovered: false`: never a silent gap.
+
+Close codes: 4400 bad parameters, 4401 not logged in, 4404 no such job or not yours (one code
+for both, as the HTTP API's 404: a stranger learns nothing), 4008 client too slow.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from urllib.parse import parse_qs
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from eventbus.keys import JobKeys
+
+from .conf import gateway_settings
+from .hub import get_hub
+from .selectors import visible_operations
+
+logger = logging.getLogger(__name__)
+
+BAD_REQUEST, NOT_LOGGED_IN, NOT_FOUND, TOO_SLOW = 4400, 4401, 4404, 4008
+MAX_SEQ = 2**53
+_RESYNC = object()  # queue item: backfill from the history
+
+
+class RefuseConnection(Exception):
+    def __init__(self, code: int, detail: str):
+        super().__init__(detail)
+        self.code, self.detail = code, detail
+
+
+def parse_last_seq(query_string: bytes) -> int:
+    try:
+        params = parse_qs(query_string.decode("ascii"), keep_blank_values=True, strict_parsing=False)
+    except UnicodeDecodeError:
+        raise RefuseConnection(BAD_REQUEST, "The query string is not ASCII.") from None
+    values = params.get("last_seq", ["0"])
+    if len(values) != 1 or not values[0].isdigit() or not values[0].isascii() or int(values[0]) > MAX_SEQ:
+        raise RefuseConnection(BAD_REQUEST, "last_seq must be one integer >= 0.")
+    return int(values[0])
+
+
+def parse_job_id(raw: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(raw)
+    except ValueError:
+        raise RefuseConnection(BAD_REQUEST, "The job id is not a UUID.") from None
+
+
+@database_sync_to_async
+def find_job(user, job_id):
+    return visible_operations(user).filter(op_id=job_id).only("op_id", "domain", "state").first()
+
+
+class JobStreamConsumer(AsyncWebsocketConsumer):
+    job_keys: JobKeys | None = None
+    pump: asyncio.Task | None = None
+    closing = False
+
+    async def connect(self):
+        # Accept first: a close code can only reach the client on an open socket.
+        await self.accept()
+        try:
+            job_id = parse_job_id(self.scope["url_route"]["kwargs"]["job_id"])
+            self.last_sent = parse_last_seq(self.scope.get("query_string", b""))
+            user = self.scope.get("user")
+            if user is None or not user.is_authenticated:
+                raise RefuseConnection(NOT_LOGGED_IN, "Log in first.")
+            self.operation = await find_job(user, job_id)
+            if self.operation is None:
+                raise RefuseConnection(NOT_FOUND, "No such job.")
+        except RefuseConnection as refusal:
+            await self.refuse(refusal.code, refusal.detail)
+            return
+        self.job_keys = JobKeys(self.operation.domain, str(self.operation.op_id))
+        self.queue: asyncio.Queue = asyncio.Queue(maxsize=gateway_settings.QUEUE_SIZE)
+        self.queue.put_nowait(_RESYNC)  # first the backfill; live events queue up behind it
+        self.hub = get_hub()
+        await self.hub.add(self.job_keys.channel, self)  # subscribed before the history is read
+        self.pump = asyncio.create_task(self._pump())
+
+    async def refuse(self, code: int, detail: str) -> None:
+        self.closing = True
+        await self.send(text_data=json.dumps({"type": "error", "code": code, "detail": detail}))
+        await self.close(code)
+
+    async def disconnect(self, code):
+        self.closing = True
+        if self.pump:
+            self.pump.cancel()
+        if self.job_keys:
+            await self.hub.remove(self.job_keys.channel, self)
+
+    async def receive(self, text_data=None, bytes_data=None):
+        pass  # the stream is one-way; the client resumes by reconnecting with last_seq
+
+    # Called by the hub, synchronously, on the event loop.
+    def deliver(self, message: bytes) -> None:
+        self._enqueue(message)
+
+    def resync(self) -> None:
+        self._enqueue(_RESYNC)
+
+    def _enqueue(self, item) -> None:
+        if self.closing:
+            return
+        try:
+            self.queue.put_nowait(item)
+        except asyncio.QueueFull:
+            self.closing = True
+            logger.info("job socket %s fell %d frames behind: closing 4008", self.job_keys.job_id, self.queue.qsize())
+            asyncio.get_running_loop().create_task(self._close_slow())
+
+    async def _close_slow(self) -> None:
+        if self.pump:
+            self.pump.cancel()
+        await self.send(text_data=json.dumps(
+            {"type": "error", "code": TOO_SLOW, "detail": "Too slow: reconnect with last_seq to resume."}
+        ))
+        await self.close(TOO_SLOW)
+
+    async def _pump(self) -> None:
+        try:
+            while True:
+                item = await self.queue.get()
+                if item is _RESYNC:
+                    await self._backfill_when_redis_answers()
+                    continue
+                event = json.loads(item)
+                if event["seq"] <= self.last_sent:
+                    continue  # already sent (backfill got there first)
+                if event.get("prev_seq", 0) > self.last_sent:
+                    # Something between is missing: the history has it.
+                    await self._backfill_when_redis_answers()
+                    continue
+                await self._send_event(item, event["seq"])
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("job socket %s failed; closing 1011 (the client resumes with last_seq)",
+                             self.job_keys.job_id)
+            await self.close(1011)
+
+    async def _backfill_when_redis_answers(self) -> None:
+        """A Redis blip must not cost the client its socket: retry until Redis answers."""
+        delay = gateway_settings.RECONNECT_DELAY
+        while True:
+            try:
+                return await self._backfill()
+            except (RedisConnectionError, RedisTimeoutError) as exc:
+                logger.warning("job socket %s: history unreadable (%s); retrying in %.2f s",
+                               self.job_keys.job_id, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    async def _send_event(self, raw, seq: int) -> None:
+        await self.send(text_data=raw if isinstance(raw, str) else raw.decode())
+        self.last_sent = seq
+
+    async def _backfill(self) -> None:
+        redis = self.hub.redis
+        raws = await redis.zrangebyscore(self.job_keys.history, f"({self.last_sent}", "+inf")
+        entries = [(raw, json.loads(raw)) for raw in raws]
+        if not entries or entries[0][1].get("prev_seq", 0) > self.last_sent:
+            # The history does not reach back to what the client has. Either the router has
+            # applied nothing newer yet (wait for it: the state KV runs ahead, written at
+            # publish time), or what the client misses expired: reset it to the state.
+            applied = await redis.get(self.job_keys.applied)
+            expired = applied is None and self.last_sent > 0  # the client saw events the router forgot
+            if not entries and not expired and int(applied or 0) <= self.last_sent:
+                return
+            state = await redis.get(self.job_keys.state)
+            await self._reset(json.loads(state)) if state is not None else await self._reset_expired()
+        for raw, event in entries:
+            if event["seq"] > self.last_sent:
+                await self._send_event(raw, event["seq"])
+
+    async def _reset(self, state: dict) -> None:
+        await self.send(text_data=json.dumps({"type": "reset", "recovered": False, "state": state}))
+        self.last_sent = max(self.last_sent, int(state.get("seq", 0)))
+
+    async def _reset_expired(self) -> None:
+        """The job's state expired from Redis: the database has its outcome."""
+        operation = await database_sync_to_async(
+            lambda: type(self.operation).objects.only("state", "domain").get(pk=self.operation.pk)
+        )()
+        await self._reset({"job_id": str(operation.pk), "domain": operation.domain, "state": operation.state,
+                           "seq": self.last_sent})

@@ -1,0 +1,154 @@
+"""One Redis pub/sub connection per gateway process, multiplexed over every socket.
+
+Sockets register a listener per job channel; the hub subscribes a channel when its first
+listener arrives and unsubscribes it when the last one leaves, so Redis connections stay
+O(1) in sockets. When Redis drops the connection, redis-py reconnects and resubscribes;
+messages published meanwhile are lost on pub/sub, so the hub then asks every listener to
+resync (backfill from the job's history), and nothing is lost.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from typing import Protocol
+
+import redis.asyncio as aioredis
+from django.conf import settings
+from redis.asyncio.client import PubSub
+
+from eventbus.conf import eventbus_settings
+
+from .conf import gateway_settings
+
+logger = logging.getLogger(__name__)
+
+
+class Listener(Protocol):
+    def deliver(self, message: bytes) -> None: ...
+
+    def resync(self) -> None: ...
+
+
+class _TrackedPubSub(PubSub):
+    """A PubSub that tells its hub about every (re)connection."""
+
+    hub: "Hub"
+
+    async def on_connect(self, connection):
+        await super().on_connect(connection)
+        self.hub._connected()
+
+
+class Hub:
+    def __init__(self, url: str):
+        self._redis = aioredis.Redis.from_url(url)
+        # On a Redis Cluster PUBLISH reaches every node, so one plain connection to any node
+        # hears every channel; history and state reads need the cluster client.
+        if eventbus_settings.CLUSTER:
+            from redis.asyncio.cluster import RedisCluster
+
+            self._reads = RedisCluster.from_url(url)
+        else:
+            self._reads = self._redis
+        self._pubsub = _TrackedPubSub(self._redis.connection_pool, ignore_subscribe_messages=False)
+        self._pubsub.hub = self
+        self._listeners: dict[str, set[Listener]] = {}
+        self._confirmed: dict[str, asyncio.Event] = {}
+        self.reconnections = 0
+        self._reader: asyncio.Task | None = None
+        self._lock = asyncio.Lock()
+
+    @property
+    def redis(self) -> aioredis.Redis:
+        """A client for reads (history, state)."""
+        return self._reads
+
+    @property
+    def channels(self) -> int:
+        return len(self._listeners)
+
+    async def add(self, channel: str, listener: Listener) -> None:
+        """Register `listener`; returns once the channel's subscription is live, so a read
+        of the history made afterwards misses nothing published later."""
+        async with self._lock:
+            listeners = self._listeners.setdefault(channel, set())
+            listeners.add(listener)
+            if len(listeners) == 1:
+                self._confirmed[channel] = asyncio.Event()
+                await self._pubsub.subscribe(channel)
+                if self._reader is None or self._reader.done():
+                    self._reader = asyncio.create_task(self._read(), name="gateway-hub-reader")
+            confirmed = self._confirmed[channel]
+        await asyncio.wait_for(confirmed.wait(), gateway_settings.SUBSCRIBE_TIMEOUT)
+
+    async def remove(self, channel: str, listener: Listener) -> None:
+        async with self._lock:
+            listeners = self._listeners.get(channel)
+            if not listeners:
+                return
+            listeners.discard(listener)
+            if not listeners:
+                del self._listeners[channel]
+                self._confirmed.pop(channel, None)
+                try:
+                    await self._pubsub.unsubscribe(channel)
+                except (aioredis.ConnectionError, aioredis.TimeoutError, OSError):
+                    pass  # the reconnect resubscribes only what is still listened to
+
+    def _connected(self) -> None:
+        # redis-py calls this on every reconnection (a pooled connection is handed out already
+        # connected, so not for the first). Whatever was published meanwhile is in the history.
+        self.reconnections += 1
+        logger.warning("gateway hub reconnected to Redis; resyncing %d channel(s)", len(self._listeners))
+        for listeners in list(self._listeners.values()):
+            for listener in list(listeners):
+                listener.resync()
+
+    async def _read(self) -> None:
+        delay = gateway_settings.RECONNECT_DELAY
+        while self._listeners or self._pubsub.subscribed:
+            try:
+                message = await self._pubsub.get_message(timeout=1.0)
+                delay = gateway_settings.RECONNECT_DELAY
+            except (aioredis.ConnectionError, aioredis.TimeoutError, OSError):
+                # redis-py retried and gave up; the next read reconnects (and on_connect resyncs).
+                logger.warning("gateway hub lost Redis; retrying in %.2f s", delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+                continue
+            if message is None:
+                continue
+            channel = message["channel"].decode()
+            if message["type"] == "message":
+                for listener in list(self._listeners.get(channel, ())):
+                    listener.deliver(message["data"])
+            elif message["type"] == "subscribe" and channel in self._confirmed:
+                self._confirmed[channel].set()
+
+    async def close(self) -> None:
+        if self._reader:
+            self._reader.cancel()
+        await self._pubsub.aclose()
+        if self._reads is not self._redis:
+            await self._reads.aclose()
+        await self._redis.aclose()
+
+
+_hubs: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Hub]" = weakref.WeakKeyDictionary()
+
+
+def get_hub() -> Hub:
+    """The hub of the running event loop (one per process under daphne)."""
+    loop = asyncio.get_running_loop()
+    hub = _hubs.get(loop)
+    if hub is None:
+        hub = _hubs[loop] = Hub(settings.REDIS_URL)
+    return hub
+
+
+async def close_hub() -> None:
+    """Close the running loop's hub (tests; a process's hub otherwise lives as long as it)."""
+    hub = _hubs.pop(asyncio.get_running_loop(), None)
+    if hub is not None:
+        await hub.close()

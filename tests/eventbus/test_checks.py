@@ -1,0 +1,51 @@
+import pytest
+from django.test.utils import override_settings
+
+from eventbus.checks import check_ttls
+
+
+def test_the_default_settings_pass(eventbus_settings_override):
+    with eventbus_settings_override():
+        assert check_ttls() == []
+
+
+@pytest.mark.parametrize(
+    "values, expected",
+    [
+        # 300 s idle x 5 deliveries = 1500 s of reclaims: a 1000 s dedup key may be gone by then.
+        ({"DEDUP_TTL": 1000}, ["eventbus.E003", "eventbus.E004"]),
+        ({"ROUTER_DEDUP_TTL": 3000}, ["eventbus.E004"]),  # shorter than the 3600 s visibility
+        ({"RECLAIM_MIN_IDLE_MS": 2_000_000}, ["eventbus.E003", "eventbus.E003"]),
+        ({"HISTORY_TTL": 60}, ["eventbus.E005"]),
+        ({"DOMAINS": {"scan": 0}}, ["eventbus.E002"]),
+        (
+            {"DEDUP_TTL": 1500, "ROUTER_DEDUP_TTL": 1500, "RECLAIM_MIN_IDLE_MS": 300_000},
+            ["eventbus.E004"] * 2,
+        ),
+    ],
+)
+def test_ttls_shorter_than_what_they_guard_are_errors(eventbus_settings_override, values, expected):
+    with eventbus_settings_override(**values):
+        assert sorted(error.id for error in check_ttls()) == expected
+
+
+def test_the_celery_visibility_timeout_counts(eventbus_settings_override):
+    with (
+        eventbus_settings_override(),
+        override_settings(CELERY_BROKER_TRANSPORT_OPTIONS={"visibility_timeout": 9000}),
+    ):
+        errors = check_ttls()
+    assert [e.id for e in errors] == ["eventbus.E004", "eventbus.E004"]
+    assert "visibility timeout (9000s)" in errors[0].msg
+
+
+def test_unknown_keys_are_an_error():
+    with override_settings(EVENTBUS={"DEDUPE_TTL": 1}):
+        [error] = check_ttls()
+    assert error.id == "eventbus.E001" and "DEDUPE_TTL" in error.msg
+
+
+def test_the_checks_are_registered():
+    from django.core.checks import registry
+
+    assert check_ttls in registry.registry.get_checks()

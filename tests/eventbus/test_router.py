@@ -1,0 +1,208 @@
+"""The router in this process (burst mode and single steps); tests/eventbus/test_commands.py
+runs it as real processes."""
+
+import json
+
+import pytest
+from prometheus_client import REGISTRY
+
+from eventbus import publish_event, publish_events
+from eventbus.keys import JobKeys, stream_key
+from eventbus.router import Router
+
+from .helpers import (
+    Subscriber,
+    dead_letters,
+    history,
+    history_seqs,
+    job_ids_on_shard,
+    pending,
+    state,
+    wait_for,
+)
+
+
+@pytest.fixture
+def subscriber(redis_client):
+    subscriber = Subscriber(redis_client)
+    yield subscriber
+    subscriber.close()
+
+
+def publish_job(domain, job_id, seqs):
+    return publish_events(
+        [(domain, job_id, "vision" if seq < 20 else "rule", seq, {"seq": seq}) for seq in seqs]
+    )
+
+
+def test_events_are_applied_in_order_to_history_state_and_channel(redis_client, subscriber):
+    publish_job("scan", "job-a", [10, 11, 20])
+    publish_job("chat", "job-b", [10])
+
+    Router(burst=True, consumer="r1").run()
+
+    events = history(redis_client, "scan", "job-a")
+    assert [e["seq"] for e in events] == [10, 11, 20]
+    stream_ids = [entry_id.decode() for entry_id, _ in redis_client.xrange(JobKeys("scan", "job-a").stream)]
+    assert events[0] == {
+        "type": "event",
+        "seq": 10,
+        "job_id": "job-a",
+        "domain": "scan",
+        "stage": "vision",
+        "data": {"seq": 10},
+        "prev_seq": 0,
+        "stream_id": stream_ids[0],
+    }
+    assert [e["stream_id"] for e in events] == stream_ids
+    assert [e["prev_seq"] for e in events] == [0, 10, 11]
+    # The publisher's state and the router's history entry are the same JSON, to the byte.
+    keys = JobKeys("scan", "job-a")
+    assert redis_client.get(keys.state) == redis_client.zrange(keys.history, -1, -1)[0]
+    received = subscriber.receive(4)
+    assert [e for e in received if e["job_id"] == "job-a"] == events
+    assert history_seqs(redis_client, "chat", "job-b") == [10]
+    # "seq > N in order", as the gateway backfills
+    assert [e["seq"] for e in history(redis_client, "scan", "job-a", after=10)] == [11, 20]
+    assert 0 < redis_client.ttl(keys.history) <= 3600
+    assert redis_client.exists(keys.router_published(20))
+    assert all(pending(redis_client, stream_key(d, s)) == 0 for d in ("scan", "chat") for s in range(4))
+
+
+def test_the_state_never_moves_backwards(redis_client):
+    publish_job("scan", "job-c", [10, 11, 12])  # the publisher already stored 12 as the state
+    router = Router(consumer="r1", count=1, burst=True)
+    router.ensure_groups()
+    router.settle(router.read({JobKeys("scan", "job-c").stream: ">"}, None))
+    assert history_seqs(redis_client, "scan", "job-c") == [10]
+    assert state(redis_client, "scan", "job-c")["seq"] == 12
+
+
+def test_an_event_waits_until_its_predecessor_is_applied(redis_client, subscriber):
+    """Two routers of one group: the one holding seq 10 is slow; the other gets 11 and 12."""
+    publish_job("scan", "job-d", [10, 11, 12])
+    key = JobKeys("scan", "job-d").stream
+    slow, fast = Router(consumer="slow", count=1), Router(consumer="fast", count=1, block_ms=0)
+    slow.ensure_groups()
+    held = slow.read({key: ">"}, None)
+    assert [d.event.seq for d in held] == [10]
+
+    fast.work_once()
+    fast.work_once()
+    assert sorted(d.event.seq for d in fast.deferred.values()) == [11, 12]
+    assert history_seqs(redis_client, "scan", "job-d") == []
+    assert subscriber.drain(quiet=0.1) == []
+    assert pending(redis_client, key) == 3
+
+    slow.settle(held)
+    # fast cannot see slow's apply: it retries its deferred entries every DEFER_RETRY_MS
+    wait_for(
+        lambda: fast.work_once() and history_seqs(redis_client, "scan", "job-d") == [10, 11, 12],
+        message="the deferred entries applied",
+    )
+    assert [e["seq"] for e in subscriber.receive(3)] == [10, 11, 12]
+    assert fast.deferred == {} and pending(redis_client, key) == 0
+
+
+def test_a_copy_of_an_applied_entry_is_acked_without_a_second_publish(redis_client, subscriber):
+    publish_job("scan", "job-e", [10, 11])
+    Router(burst=True, consumer="r1").run()
+    shard = str(JobKeys("scan", "job-e").shard)
+    before = (
+        REGISTRY.get_sample_value(
+            "eventbus_duplicates_total", {"domain": "scan", "shard": shard, "layer": "L2"}
+        )
+        or 0
+    )
+    key = JobKeys("scan", "job-e").stream
+    for _id, fields in redis_client.xrange(key):  # e.g. a redrive of entries already applied
+        redis_client.xadd(key, fields)
+
+    Router(burst=True, consumer="r1").run()
+
+    assert history_seqs(redis_client, "scan", "job-e") == [10, 11]
+    assert [e["seq"] for e in subscriber.drain()] == [10, 11]
+    assert pending(redis_client, key) == 0
+    after = REGISTRY.get_sample_value(
+        "eventbus_duplicates_total", {"domain": "scan", "shard": shard, "layer": "L2"}
+    )
+    assert after - before == 2
+
+
+def test_malformed_entries_go_to_the_dead_letters_while_the_rest_is_applied(redis_client):
+    [job, other_shard_job] = job_ids_on_shard("scan", 1, 1, "ok") + job_ids_on_shard("scan", 2, 1, "x")
+    key = stream_key("scan", 1)
+    good = {"job_id": job, "domain": "scan", "stage": "vision", "data": "{}"}
+    publish_event("scan", job, "vision", 10, {})
+    poison = [
+        ({**good, "seq": 11, "prev_seq": 10, "data": "{not json"}, "data is not JSON"),
+        ({"job_id": job, "seq": 11}, "missing field(s): domain, stage, prev_seq, data"),
+        ({**good, "seq": "eleven", "prev_seq": 10}, "seq b'eleven' is not a non-negative integer"),
+        ({**good, "seq": 11, "prev_seq": 11}, "seq 11 must be above prev_seq 11"),
+        (
+            {**good, "job_id": other_shard_job, "seq": 10, "prev_seq": 0},
+            "belongs to shard 2, found in shard 1",
+        ),
+        (
+            {**good, "domain": "chat", "seq": 11, "prev_seq": 10},
+            "domain 'chat' in the stream of domain 'scan'",
+        ),
+        (
+            {
+                b"job_id": job.encode(),
+                b"domain": b"scan",
+                b"stage": b"\xff",
+                b"seq": b"11",
+                b"prev_seq": b"10",
+                b"data": b"{}",
+            },
+            "not UTF-8",
+        ),
+    ]
+    poison_ids = [redis_client.xadd(key, fields).decode() for fields, _ in poison]
+    publish_event("scan", job, "vision", 11, {"after": "poison"})
+
+    Router(burst=True, consumer="r1").run()
+
+    assert history_seqs(redis_client, "scan", job) == [10, 11]
+    letters = dead_letters(redis_client, "scan", 1)
+    assert [letter["original_stream_id"] for letter in letters] == poison_ids
+    for letter, (fields, reason) in zip(letters, poison):
+        assert reason in letter["reason"]
+        original = {(k.decode() if isinstance(k, bytes) else k) for k in fields}
+        assert original <= set(letter)
+    assert pending(redis_client, key) == 0
+
+
+def test_a_restarted_router_settles_the_entries_it_read_before(redis_client):
+    publish_job("scan", "job-f", [10, 11])
+    key = JobKeys("scan", "job-f").stream
+    router = Router(consumer="crashy", burst=True)
+    router.ensure_groups()
+    router.read({key: ">"}, None)  # read, then "crashed" before settling
+    assert pending(redis_client, key) == 2
+    redis_client.xadd(key, {"deleted": "soon"})
+    [(gone, _)] = redis_client.xrange(key, "-", "+")[-1:]
+    router.read({key: ">"}, None)
+    redis_client.xdel(key, gone)  # gone from the stream while pending: acked, nothing to apply
+
+    Router(consumer="crashy", burst=True).run()
+
+    assert history_seqs(redis_client, "scan", "job-f") == [10, 11]
+    assert pending(redis_client, key) == 0
+    assert dead_letters(redis_client, "scan") == []
+
+
+def test_history_is_capped(redis_client, eventbus_settings_override):
+    with eventbus_settings_override(HISTORY_MAXLEN=3):
+        publish_job("scan", "job-g", [10, 11, 12, 13, 14])
+        Router(burst=True, consumer="r1").run()
+    assert history_seqs(redis_client, "scan", "job-g") == [12, 13, 14]
+
+
+def test_the_event_json_is_the_published_message(redis_client, subscriber):
+    publish_event("chat", "job-h", "answer", 30, {"text": 'caf\u00e9 "quoted"', "empty": [], "n": 1.5})
+    Router(burst=True, consumer="r1").run()
+    [message] = subscriber.receive(1)
+    assert message["data"] == {"text": 'caf\u00e9 "quoted"', "empty": [], "n": 1.5}
+    assert json.loads(redis_client.get(JobKeys("chat", "job-h").state)) == message

@@ -1,0 +1,424 @@
+"""Jobs in process: pipelines, jobs.run (lease, state, republish), enqueue and the sweep.
+
+Real Redis and a real database; stages take no time (EVENTBUS STAGE_SECONDS is 0 in tests).
+The real Celery worker runs in test_tasks_worker.py.
+"""
+import io
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import redis
+from django.core.management import call_command
+from django.db import connection
+from django.utils import timezone
+
+from config import celery_app
+from config.redis_server import free_port
+from eventbus import jobs
+from eventbus.keys import FINAL_SEQ, STAGE_BASE, JobKeys
+from eventbus.pipelines import MAX_CHUNKS, ChatPipeline, ScanPipeline, pipeline_for
+from eventbus.publish import publish_event
+from eventbus.sweep import Sweeper, enqueue_pending
+from idempotency.models import Operation
+
+BASE_DIR = Path(__file__).resolve().parents[2]
+State = Operation.State
+
+
+# Helpers the worker tests share ------------------------------------------------------------
+
+
+def job_events(client, domain: str, job_id) -> list[tuple[str, int]]:
+    """(stage, seq) of every entry of the job in its shard stream, in stream order."""
+    job_id = str(job_id)
+    entries = client.xrange(JobKeys(domain, job_id).stream)
+    return [
+        (fields[b"stage"].decode(), int(fields[b"seq"]))
+        for _id, fields in entries
+        if fields[b"job_id"].decode() == job_id
+    ]
+
+
+def final_data(client, domain: str, job_id) -> dict:
+    job_id = str(job_id)
+    for _id, fields in client.xrange(JobKeys(domain, job_id).stream):
+        if fields[b"job_id"].decode() == job_id and int(fields[b"seq"]) == FINAL_SEQ:
+            return json.loads(fields[b"data"])
+    raise AssertionError(f"no final event for job {job_id}")
+
+
+def expected_events(domain: str, payload: dict | None = None) -> list[tuple[str, int]]:
+    return [(event.stage, event.seq) for event in pipeline_for(domain, payload).events()]
+
+
+def queued_task_ids(client, queue: str = "celery") -> list[str]:
+    """Ids of the task messages waiting in a Celery queue on the Redis broker."""
+    return [json.loads(message)["headers"]["id"] for message in client.lrange(queue, 0, -1)]
+
+
+def point_broker(url: str) -> None:
+    """Point the Celery app of this process at another broker (drop its pooled connections)."""
+    celery_app.conf.broker_url = url
+    celery_app._pool = None  # kombu keeps a pool per broker: the old one is reused on the way back
+    celery_app.amqp._producer_pool = None
+
+
+@contextmanager
+def broker_down():
+    """The broker is unreachable: a port nothing listens on."""
+    previous = celery_app.conf.broker_url
+    point_broker(f"redis://127.0.0.1:{free_port()}/0")
+    try:
+        yield
+    finally:
+        point_broker(previous)
+
+
+def wait_for(predicate, *, timeout: float, interval: float = 0.02, message: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+        time.sleep(interval)
+
+
+def process_env(**extra) -> dict:
+    """Environment for a process the tests start: this run's settings, Redis and test database."""
+    env = dict(os.environ)
+    env.update(
+        DJANGO_SETTINGS_MODULE="config.settings.test",
+        REDIS_URL=os.environ["REDIS_URL"],
+        TEST_DATABASE_NAME=str(connection.settings_dict["NAME"]),
+        PYTHONUNBUFFERED="1",
+    )
+    env.update(extra)
+    return env
+
+
+@pytest.fixture
+def broker(redis_client, redis_url):
+    """The Celery app of this process publishes to the test Redis (flushed: no queued tasks)."""
+    point_broker(redis_url)
+    return redis_client
+
+
+@pytest.fixture
+def make_operation(user):
+    def make(domain="scan", payload=None, **fields):
+        return Operation.objects.create(
+            scope=f"t:{user.pk}", idem_key=fields.pop("idem_key", os.urandom(8).hex()), owner=user,
+            domain=domain, event_type="job.requested", payload=payload or {}, **fields,
+        )
+
+    return make
+
+
+# Pipelines ------------------------------------------------------------------------------------
+
+
+def test_scan_runs_its_stages_in_seq_order():
+    assert expected_events("scan") == [
+        ("vision", 10), ("rule", 20), ("answer", 30), ("reward", 40), ("done", 51)
+    ]
+
+
+@pytest.mark.parametrize("prompt", ["", "hi", "why " * 500])
+def test_chat_streams_the_answer_in_at_most_ten_chunks(prompt):
+    events = list(ChatPipeline({"prompt": prompt}).events())
+    answer = [event for event in events if event.stage == "answer"]
+    assert 1 <= len(answer) <= MAX_CHUNKS
+    first = STAGE_BASE["answer"]
+    assert [event.seq for event in answer] == list(range(first, first + len(answer)))
+    assert (events[-1].stage, events[-1].seq, events[-1].data["final"]) == ("done", FINAL_SEQ, True)
+    assert "".join(event.data["text"] for event in answer).startswith("You asked about ")
+    again = ChatPipeline({"prompt": prompt}).events()
+    assert [e.data for e in events] == [e.data for e in again]  # deterministic
+
+
+def test_each_stage_does_its_work(monkeypatch):
+    slept = []
+    monkeypatch.setattr(ScanPipeline, "sleep", staticmethod(slept.append))
+    list(ScanPipeline(stage_seconds=0.5).events())
+    assert slept == [0.5] * 4
+
+
+def test_unknown_domain_has_no_pipeline():
+    with pytest.raises(LookupError, match="No pipeline for domain 'nope'"):
+        pipeline_for("nope")
+
+
+# jobs.run ------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("domain,payload", [("scan", {}), ("chat", {"prompt": "tell me"})])
+def test_run_publishes_every_event_once_and_completes(redis_client, make_operation, domain, payload):
+    operation = make_operation(domain, payload)
+    assert jobs.run(str(operation.op_id)) == State.COMPLETED
+    operation.refresh_from_db()
+    assert operation.state == State.COMPLETED and operation.completed_at is not None
+    assert job_events(redis_client, domain, operation.op_id) == expected_events(domain, payload)
+    assert final_data(redis_client, domain, operation.op_id)["state"] == "COMPLETED"
+
+
+@pytest.mark.django_db
+def test_a_finished_job_is_not_run_again(redis_client, make_operation):
+    operation = make_operation()
+    jobs.run(str(operation.op_id))
+    completed_at = Operation.objects.get(pk=operation.pk).completed_at
+    assert jobs.run(str(operation.op_id)) == "skipped"
+    assert Operation.objects.get(pk=operation.pk).completed_at == completed_at
+    assert job_events(redis_client, "scan", operation.op_id) == expected_events("scan")
+
+
+@pytest.mark.django_db
+def test_a_run_after_a_crash_republishes_from_the_start_without_copies(redis_client, make_operation):
+    # The first run published two events and died with the job RUNNING.
+    operation = make_operation(state=State.RUNNING)
+    job_id = str(operation.op_id)
+    for stage, seq in expected_events("scan")[:2]:
+        assert publish_event("scan", job_id, stage, seq, {"first": "run"})
+    assert jobs.run(job_id) == State.COMPLETED
+    assert job_events(redis_client, "scan", job_id) == expected_events("scan")
+    assert Operation.objects.get(pk=job_id).state == State.COMPLETED
+
+
+@pytest.mark.django_db
+def test_a_second_run_waits_for_the_lease(redis_client, make_operation):
+    operation = make_operation()
+    holder = jobs.RunLease(operation)
+    assert holder.acquire()
+    with pytest.raises(jobs.JobBusy) as busy:
+        jobs.run(str(operation.op_id))
+    assert 0 < busy.value.retry_in <= holder.seconds + 0.2
+    assert Operation.objects.get(pk=operation.pk).state == State.PENDING
+    assert job_events(redis_client, "scan", operation.op_id) == []
+    holder.release()
+    assert jobs.run(str(operation.op_id)) == State.COMPLETED
+
+
+@pytest.mark.django_db
+def test_a_lease_taken_over_is_neither_renewed_nor_released(redis_client, make_operation):
+    operation = make_operation()
+    first, second = jobs.RunLease(operation), jobs.RunLease(operation)
+    assert first.acquire() and not second.acquire()
+    redis_client.delete(first.key)  # expired
+    assert second.acquire()
+    with pytest.raises(jobs.LeaseLost):
+        first.renew()
+    first.release()
+    assert redis_client.exists(second.key)
+    second.renew()
+    second.release()
+    assert not redis_client.exists(second.key)
+
+
+@pytest.mark.django_db
+def test_a_run_whose_lease_is_taken_over_stops(redis_client, make_operation, monkeypatch):
+    operation = make_operation()
+
+    def renew(lease):
+        raise jobs.LeaseLost("taken over")
+
+    monkeypatch.setattr(jobs.RunLease, "renew", renew)
+    assert jobs.run(str(operation.op_id)) == "lease_lost"
+    assert Operation.objects.get(pk=operation.pk).state == State.RUNNING  # the new holder finishes it
+    assert job_events(redis_client, "scan", operation.op_id) == expected_events("scan")[:1]
+
+
+@pytest.mark.django_db
+def test_an_exception_fails_the_job_with_a_log_line_and_a_final_event(
+    redis_client, make_operation, monkeypatch, caplog
+):
+    operation = make_operation()
+
+    stage_events = ScanPipeline.stage_events
+
+    def broken(self):
+        yield from list(stage_events(self))[:2]
+        raise RuntimeError("the rules engine exploded")
+
+    monkeypatch.setattr(ScanPipeline, "stage_events", broken)
+    assert jobs.run(str(operation.op_id)) == State.FAILED
+    operation.refresh_from_db()
+    assert operation.state == State.FAILED and operation.completed_at is not None
+    assert f"Job {operation.op_id} failed: RuntimeError: the rules engine exploded" in caplog.text
+    assert job_events(redis_client, "scan", operation.op_id) == [
+        ("vision", 10), ("rule", 20), ("done", FINAL_SEQ)
+    ]
+    assert final_data(redis_client, "scan", operation.op_id) == {
+        "label": "Done", "progress": 100, "state": "FAILED", "final": True, "error": "RuntimeError"
+    }
+    assert jobs.run(str(operation.op_id)) == "skipped"
+
+
+@pytest.mark.django_db
+def test_an_unknown_domain_fails_the_job(redis_client, make_operation):
+    operation = make_operation(domain="nope")
+    assert jobs.run(str(operation.op_id)) == State.FAILED
+    assert Operation.objects.get(pk=operation.pk).state == State.FAILED
+
+
+@pytest.mark.django_db
+def test_redis_going_away_is_retried_until_the_last_attempt(redis_client, make_operation, monkeypatch):
+    operation = make_operation()
+
+    def unreachable(*args):
+        raise redis.ConnectionError("Connection refused")
+
+    monkeypatch.setattr(jobs, "publish_event", unreachable)
+    with pytest.raises(redis.ConnectionError):
+        jobs.run(str(operation.op_id), fail_on_transient=False)
+    assert Operation.objects.get(pk=operation.pk).state == State.RUNNING
+    assert not redis_client.exists(jobs.RunLease(operation).key)  # released for the retry
+    assert jobs.run(str(operation.op_id), fail_on_transient=True) == State.FAILED
+    assert Operation.objects.get(pk=operation.pk).state == State.FAILED
+
+
+@pytest.mark.django_db
+def test_a_job_past_its_deadline_times_out(redis_client, make_operation):
+    operation = make_operation(deadline=timezone.now() - timedelta(seconds=1))
+    assert jobs.run(str(operation.op_id)) == State.TIMED_OUT
+    assert Operation.objects.get(pk=operation.pk).state == State.TIMED_OUT
+    assert job_events(redis_client, "scan", operation.op_id) == [("done", FINAL_SEQ)]
+    assert final_data(redis_client, "scan", operation.op_id)["state"] == "TIMED_OUT"
+
+
+@pytest.mark.django_db
+def test_a_missing_operation_is_not_run(redis_client):
+    assert jobs.run("00000000-0000-0000-0000-000000000000") == "missing"
+
+
+# enqueue and the sweep -----------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_enqueue_sends_one_task_named_after_the_job(broker, make_operation):
+    operation = make_operation()
+    assert jobs.enqueue(operation)
+    assert queued_task_ids(broker) == [str(operation.op_id)]
+    assert Operation.objects.get(pk=operation.pk).enqueued_at is not None
+
+
+@pytest.mark.django_db
+def test_enqueue_with_the_broker_down_gives_up_fast_and_never_raises(broker, make_operation, caplog):
+    operation = make_operation()
+    with broker_down():
+        started = time.monotonic()
+        assert jobs.enqueue(operation) is False
+        assert time.monotonic() - started < 3  # connection refused: no retry loop
+    assert Operation.objects.get(pk=operation.pk).enqueued_at is None
+    assert f"Job {operation.op_id} not enqueued" in caplog.text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_post_enqueues_one_task_after_commit_and_a_replay_none(broker, api_client):
+    def post():
+        return api_client.post(
+            "/api/jobs/", {"domain": "scan", "payload": {"n": 1}}, format="json", HTTP_IDEMPOTENCY_KEY="job-1"
+        )
+
+    first = post()
+    assert first.status_code == 201
+    job_id = first.json()["job_id"]
+    assert queued_task_ids(broker) == [job_id]
+    assert Operation.objects.get(pk=job_id).enqueued_at is not None
+    replay = post()
+    assert (replay.status_code, replay.json(), replay["Idempotent-Replayed"]) == (201, first.json(), "true")
+    assert queued_task_ids(broker) == [job_id]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_post_with_the_broker_down_is_accepted_and_left_to_the_sweep(broker, api_client):
+    with broker_down():
+        response = api_client.post(
+            "/api/jobs/", {"domain": "chat"}, format="json", HTTP_IDEMPOTENCY_KEY="down"
+        )
+    assert response.status_code == 201
+    job_id = response.json()["job_id"]
+    operation = Operation.objects.get(pk=job_id)
+    assert (operation.state, operation.enqueued_at) == (State.PENDING, None)
+    assert queued_task_ids(broker) == []
+    assert enqueue_pending(older_than_seconds=0) == 1
+    assert queued_task_ids(broker) == [job_id]
+    assert enqueue_pending(older_than_seconds=0) == 0
+
+
+@pytest.mark.django_db
+def test_enqueue_pending_takes_only_old_never_enqueued_pending_operations(broker, make_operation):
+    old = timezone.now() - timedelta(minutes=5)
+    lost = make_operation(accepted_at=old)
+    make_operation(accepted_at=timezone.now())  # may still be on its way, after commit
+    make_operation(accepted_at=old, enqueued_at=old)
+    make_operation(accepted_at=old, state=State.RUNNING)
+    make_operation(accepted_at=old, state=State.COMPLETED)
+    assert enqueue_pending(older_than_seconds=30) == 1
+    assert queued_task_ids(broker) == [str(lost.op_id)]
+    with broker_down():
+        assert enqueue_pending(older_than_seconds=0) == 0  # the fresh one stays for the next pass
+    assert enqueue_pending(older_than_seconds=0) == 1
+
+
+@pytest.mark.django_db
+def test_sweep_operations_burst(broker, make_operation):
+    make_operation(accepted_at=timezone.now() - timedelta(minutes=5))
+    out = io.StringIO()
+    call_command("sweep_operations", burst=True, stdout=out)
+    assert out.getvalue() == "Enqueued 1 operation(s).\n"
+    assert len(queued_task_ids(broker)) == 1
+
+
+@pytest.mark.django_db
+def test_sweeper_loops_until_stopped(broker, make_operation, monkeypatch):
+    sweeper = Sweeper(interval=0.01, older_than_seconds=0)
+    passes = []
+
+    def counting(**kwargs):
+        passes.append(1)
+        if len(passes) == 3:
+            make_operation()
+        if len(passes) == 5:
+            threading.Thread(target=sweeper.stop).start()
+        return enqueue_pending(**kwargs)
+
+    monkeypatch.setattr("eventbus.sweep.enqueue_pending", counting)
+    assert sweeper.run() == 1
+    assert len(passes) >= 5
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sweep_operations_stops_cleanly_on_sigterm(broker):
+    process = subprocess.Popen(
+        [sys.executable, "manage.py", "sweep_operations", "--interval", "0.1"],
+        cwd=BASE_DIR, env=process_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    stderr_lines = []
+    reader = threading.Thread(target=lambda: stderr_lines.extend(process.stderr), daemon=True)
+    reader.start()
+    try:
+        wait_for(lambda: process.poll() is not None or any("Sweeping" in line for line in stderr_lines),
+                 timeout=30, message="the sweeper to start")
+        assert process.poll() is None, "".join(stderr_lines)
+        process.terminate()
+        stdout = process.stdout.read()
+        process.wait(timeout=10)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    reader.join(timeout=5)
+    stderr = "".join(stderr_lines)
+    assert process.returncode == 0, stderr
+    assert stdout == "Enqueued 0 operation(s).\n"
+    assert "SIGTERM, stopping" in stderr

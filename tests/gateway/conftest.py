@@ -1,0 +1,82 @@
+import asyncio
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.test import Client
+
+from eventbus import publish_event
+from eventbus.router import Router
+from gateway.hub import close_hub
+from idempotency.models import Operation
+
+
+@pytest.fixture
+async def hub_closed():
+    yield
+    await close_hub()
+
+
+def login_cookie(user):
+    client = Client()
+    client.force_login(user)
+    return client.cookies["sessionid"].value
+
+
+@pytest.fixture
+def cookie(user):
+    return login_cookie(user)
+
+
+@pytest.fixture
+def other_cookie(other_user):
+    return login_cookie(other_user)
+
+
+@pytest.fixture
+def staff_cookie(django_user_model):
+    return login_cookie(django_user_model.objects.create_user("ops", password="x", is_staff=True))
+
+
+@pytest.fixture
+def job(user, redis_client):
+    return Operation.objects.create(scope="-:1", idem_key="ws-job", domain="scan", event_type="job.requested",
+                                    owner=user)
+
+
+async def open_socket(path, cookie=None, *, subscribed_to=None):
+    """A connected socket; with `subscribed_to` (a job), once the hub listens to its channel
+    (the consumer accepts first and subscribes after)."""
+    from config.asgi import application
+
+    headers = [(b"origin", b"http://testserver"), (b"host", b"testserver")]
+    if cookie:
+        headers.append((b"cookie", f"sessionid={cookie}".encode()))
+    communicator = WebsocketCommunicator(application, path, headers=headers)
+    connected, _ = await communicator.connect(timeout=5)
+    assert connected
+    if subscribed_to is not None:
+        await wait_subscribed(subscribed_to)
+    return communicator
+
+
+async def wait_subscribed(job, timeout=5.0):
+    from eventbus.keys import JobKeys
+    from gateway.hub import get_hub
+
+    channel = JobKeys(job.domain, str(job.op_id)).channel
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not (await get_hub().redis.pubsub_numsub(channel))[0][1]:
+        assert loop.time() < deadline, "the hub never subscribed"
+        await asyncio.sleep(0.01)
+
+
+def _publish_and_route(job, seqs):
+    for seq in seqs:
+        stage = {1: "vision", 2: "rule", 3: "answer", 4: "reward", 5: "done"}[seq // 10]
+        publish_event(job.domain, str(job.op_id), stage, seq, {"seq": seq})
+    Router(burst=True, consumer="test-router").run()
+
+
+publish_and_route = sync_to_async(_publish_and_route, thread_sensitive=False)
