@@ -5,6 +5,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from eventbus.jobs import enqueue
+from eventbus.selectors import latest_event
 from idempotency.decorators import idempotency_key
 from idempotency.exceptions import IdempotencyKeyMismatch
 from idempotency.problems import problem_from_error
@@ -56,7 +57,7 @@ class JobDetailView(APIView):
                 "accepted_at": operation.accepted_at,
                 "completed_at": operation.completed_at,
                 "payload": operation.payload,
-                "latest_event": None,  # filled from the event bus's state once it runs jobs
+                "latest_event": latest_event(operation.domain, str(operation.op_id)),
             }
         )
         return Response(body)

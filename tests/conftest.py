@@ -31,6 +31,14 @@ def redis_url():
         server.stop()
 
 
+@pytest.fixture(autouse=True)
+def fresh_cache(redis_url):
+    """Cached idempotent replays outlive a test's database rollback: start every test without them."""
+    from django.core.cache import cache
+
+    cache.clear()
+
+
 @pytest.fixture
 def redis_client(redis_url):
     client = redis.Redis.from_url(redis_url)

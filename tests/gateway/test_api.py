@@ -72,3 +72,14 @@ def test_staff_sees_every_job(api_client, django_user_model):
 def test_anonymous_is_401(client):
     assert client.get(f"/api/jobs/{uuid.uuid4()}/").status_code == 401
     assert client.post("/api/jobs/", {}, content_type="application/json").status_code == 401
+
+
+def test_get_shows_the_latest_event(api_client, redis_client):
+    from eventbus import publish_event
+
+    job_id = create(api_client).json()["job_id"]
+    assert api_client.get(f"/api/jobs/{job_id}/").json()["latest_event"] is None
+    publish_event("scan", job_id, "vision", 10, {"progress": 20})
+    publish_event("scan", job_id, "rule", 20, {"progress": 40})
+    latest = api_client.get(f"/api/jobs/{job_id}/").json()["latest_event"]
+    assert latest["seq"] == 20 and latest["stage"] == "rule" and latest["data"] == {"progress": 40}
