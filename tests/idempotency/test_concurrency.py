@@ -14,6 +14,8 @@ from idempotency.keys import IdemKey
 from idempotency.models import IdempotencyRecord, Operation
 from idempotency.services import Command, accept
 
+from tests.processes import wait_for
+
 from . import views
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.urls("tests.idempotency.urls")]
@@ -77,42 +79,46 @@ def test_50_concurrent_accepts_give_one_operation_and_one_enqueue(user):
     assert Operation.objects.count() == 1
 
 
-def _wait_for(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.02)
+class StalledRequest(threading.Thread):
+    """A request, in a thread of its own, that stops inside the view until the gate opens."""
+
+    def __init__(self, user, path, key, counter):
+        super().__init__()
+        views.GATES["g"] = self.gate = threading.Event()
+        self.user, self.path, self.key = user, path, key
+        self.response = None
+        self.start()
+        wait_for(lambda: views.CALLS[counter] == 1, timeout=10, message="the stalled request to enter its view")
+
+    def run(self):
+        try:
+            self.response = post_as(self.user, self.path, self.key)
+        finally:
+            connection.close()
+
+    def release(self):
+        self.gate.set()
+        self.join(15)
+        return self.response
+
+
+def post_as(user, path, key):
+    client = Client()
+    client.force_login(user)
+    return client.post(path, data="{}", content_type="application/json", HTTP_IDEMPOTENCY_KEY=key)
 
 
 def test_expired_lease_is_taken_over_and_stale_completion_is_refused(user):
     """A request stalls past its 1 s lease; a retry takes the key over and completes; the
     stale request's late completion does not overwrite the retry's answer."""
-    views.GATES["g"] = gate = threading.Event()
-    stale = {}
-
-    def stalled_request():
-        try:
-            client = Client()
-            client.force_login(user)
-            stale["response"] = client.post("/t/gated/?gate=g", data="{}", content_type="application/json",
-                                            HTTP_IDEMPOTENCY_KEY="slow")
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=stalled_request)
-    thread.start()
-    _wait_for(lambda: views.CALLS["gated"] == 1)
-    client = Client()
-    client.force_login(user)
-    busy = client.post("/t/gated/?gate=g", data="{}", content_type="application/json", HTTP_IDEMPOTENCY_KEY="slow")
+    stalled = StalledRequest(user, "/t/gated/?gate=g", "slow", "gated")
+    busy = post_as(user, "/t/gated/?gate=g", "slow")
     assert busy.status_code == 409 and int(busy["Retry-After"]) >= 1
     time.sleep(1.1)  # let the stalled request's lease expire
-    retry = client.post("/t/gated/?gate=g", data="{}", content_type="application/json", HTTP_IDEMPOTENCY_KEY="slow")
+    retry = post_as(user, "/t/gated/?gate=g", "slow")
     assert retry.status_code == 201 and retry.json()["n"] == 2
-    gate.set()
-    thread.join(15)
-    assert stale["response"].json()["n"] == 1  # it ran; its answer is just not the stored one
-    replay = client.post("/t/gated/?gate=g", data="{}", content_type="application/json", HTTP_IDEMPOTENCY_KEY="slow")
+    assert stalled.release().json()["n"] == 1  # it ran; its answer is just not the stored one
+    replay = post_as(user, "/t/gated/?gate=g", "slow")
     assert replay["Idempotent-Replayed"] == "true" and replay.json()["n"] == 2
     assert IdempotencyRecord.objects.get(key="slow").state == "COMPLETED"
 
@@ -123,29 +129,10 @@ def test_expired_lease_is_taken_over_and_stale_completion_is_refused(user):
     "atomic view runs, so this race exists only on a server database",
 )
 def test_atomic_view_that_lost_its_lease_rolls_back(user):
-    views.GATES["g"] = gate = threading.Event()
-    stale = {}
-
-    def stalled_request():
-        try:
-            client = Client()
-            client.force_login(user)
-            stale["response"] = client.post("/t/atomic/?gate=g", data="{}", content_type="application/json",
-                                            HTTP_IDEMPOTENCY_KEY="atomic-slow")
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=stalled_request)
-    thread.start()
-    _wait_for(lambda: views.CALLS["atomic"] == 1)
-    time.sleep(1.1)
-    client = Client()
-    client.force_login(user)
-    retry = client.post("/t/atomic/?gate=g", data="{}", content_type="application/json",
-                        HTTP_IDEMPOTENCY_KEY="atomic-slow")
-    assert retry.status_code == 201
-    gate.set()
-    thread.join(15)
-    assert stale["response"].status_code == 409
-    assert stale["response"].json()["type"] == "urn:problem:idempotency-lease-lost"
+    stalled = StalledRequest(user, "/t/atomic/?gate=g", "atomic-slow", "atomic")
+    time.sleep(1.1)  # let the stalled request's lease expire
+    assert post_as(user, "/t/atomic/?gate=g", "atomic-slow").status_code == 201
+    stale = stalled.release()
+    assert stale.status_code == 409
+    assert stale.json()["type"] == "urn:problem:idempotency-lease-lost"
     assert Operation.objects.filter(event_type="effect").count() == 1  # the stale request's effect rolled back
