@@ -5,3 +5,5 @@ DEBUG = True
 SECRET_KEY = "django-insecure-development-only-never-use-in-production"
 ALLOWED_HOSTS = ["127.0.0.1", "localhost", "[::1]"]
 SERVE_STATIC = True  # config.asgi serves /static/ itself
+# Stages long enough to watch a job move on the page.
+EVENTBUS = {"STAGE_SECONDS": 1.0}
