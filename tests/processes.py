@@ -109,6 +109,17 @@ class Manage(Process):
 
     def __init__(self, *args: str, **env: str):
         super().__init__(sys.executable, "manage.py", *args, name=args[0] if args else "manage", **env)
+        self.args = args
+
+
+def run_command(*args: str, timeout: float = 60, **env: str) -> tuple[int, str]:
+    """`python manage.py <args>` to its end: (exit code, output). Killed, and its log removed, after."""
+    command = Manage(*args, **env).start()
+    try:
+        return command.wait(timeout), command.log()
+    finally:
+        command.kill()
+        command.log_path.unlink(missing_ok=True)
 
 
 class Worker(Process):
@@ -123,6 +134,14 @@ class Worker(Process):
             name=name, **env,
         )
 
+    def received(self, task_id, task: str = "eventbus.run_job") -> int:
+        """How many times the worker logged receiving this task."""
+        return self.log().count(f"Task {task}[{task_id}] received")
+
+    def pool_pids(self) -> list[int]:
+        """The prefork pool's processes: the worker's children."""
+        return child_pids(self.pid)
+
 
 class Daphne(Process):
     """daphne serving config.asgi on 127.0.0.1:<port>."""
@@ -133,3 +152,43 @@ class Daphne(Process):
         super().__init__(str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), "config.asgi:application",
                          name="daphne", **env)
         self.url = f"http://127.0.0.1:{port}"
+
+
+# Added for the end-to-end harness (tests/e2e): helpers around the classes above.
+
+def child_pids(pid: int) -> list[int]:
+    """The direct children of a process (a Celery worker's prefork pool), from /proc."""
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid:
+            children.append(int(stat.parent.name))
+    return children
+
+
+def alive(process: Process) -> bool:
+    """Started and not exited."""
+    return process.process is not None and process.process.poll() is None
+
+
+def restart(process: Process, timeout: float = 30) -> Process:
+    """Start a process again after it exited or was killed; its log file goes on, so this waits
+    for one more ready line than the log already holds."""
+    if alive(process):
+        raise RuntimeError(f"{process.name} is still running")
+    ready_text = process.ready_text
+    if not ready_text:
+        return process.start(timeout=timeout)
+    seen = process.log().count(ready_text)
+    process.ready_text = None  # start() would find the old ready line at once
+    try:
+        process.start(timeout=timeout)
+    finally:
+        del process.ready_text  # the class's again
+    wait_for(lambda: process.process.poll() is not None or process.log().count(ready_text) > seen,
+             timeout=timeout, interval=0.05, message=f"{process.name} to start again")
+    assert process.process.poll() is None, f"{process.name} exited:\n{process.log()[-4000:]}"
+    return process

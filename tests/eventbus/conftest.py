@@ -1,6 +1,7 @@
 """Event bus fixtures: a real 3-master Redis Cluster (started on first use, once per session),
-and settings that point the bus at it."""
+settings that point the bus at it, a Celery broker on the test Redis and operations to run."""
 
+import os
 import random
 import socket
 import time
@@ -11,6 +12,8 @@ from django.conf import settings
 from django.test.utils import override_settings
 
 from config.redis_server import RedisServer
+
+from .helpers import point_broker
 
 CLUSTER_ARGS = (
     "--cluster-enabled",
@@ -97,3 +100,23 @@ def eventbus_settings_override():
         return override_settings(EVENTBUS={**getattr(settings, "EVENTBUS", {}), **values})
 
     return override
+
+
+@pytest.fixture
+def broker(redis_client, redis_url):
+    """The Celery app of this process publishes to the test Redis (flushed: no queued tasks)."""
+    point_broker(redis_url)
+    return redis_client
+
+
+@pytest.fixture
+def make_operation(user):
+    from idempotency.models import Operation
+
+    def make(domain="scan", payload=None, **fields):
+        return Operation.objects.create(
+            scope=f"t:{user.pk}", idem_key=fields.pop("idem_key", os.urandom(8).hex()), owner=user,
+            domain=domain, event_type="job.requested", payload=payload or {}, **fields,
+        )
+
+    return make

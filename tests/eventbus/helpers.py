@@ -1,84 +1,23 @@
-"""Helpers of the event bus tests: polling with a deadline, the commands as real processes, and
-reading what the router wrote."""
+"""Helpers of the event bus tests: reading what the router and the jobs wrote, and pointing this
+process's Celery app at a broker. Processes and polling are in tests/processes.py."""
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import tempfile
 import time
-from pathlib import Path
+from contextlib import contextmanager
 
+from config import celery_app
+from config.redis_server import free_port
 from eventbus.keys import STAGE_BASE, JobKeys
+from eventbus.pipelines import pipeline_for
+from tests.processes import wait_for
 
-BASE_DIR = Path(__file__).resolve().parent.parent.parent
 STAGE_OF = {base // 10: stage for stage, base in STAGE_BASE.items()}
 
 
 def stage_of(seq: int) -> str:
     return STAGE_OF[seq // 10]
-
-
-def wait_for(predicate, *, timeout: float = 20, interval: float = 0.02, message: str = "condition"):
-    """Poll until predicate() is truthy, return its value; fail after the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
-        time.sleep(interval)
-
-
-class Command:
-    """`python manage.py <args>` as a process of its own, its output in a file (never a full pipe)."""
-
-    def __init__(self, *args: str, **env: str):
-        self.args = args
-        self.log = tempfile.NamedTemporaryFile(prefix="eventbus-cmd-", suffix=".log", delete=False)
-        environment = dict(os.environ, DJANGO_SETTINGS_MODULE="config.settings.test", PYTHONUNBUFFERED="1")
-        environment.update(env)
-        self.process = subprocess.Popen(
-            [sys.executable, "manage.py", *args],
-            cwd=BASE_DIR,
-            env=environment,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-        )
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def signal(self, signum: int) -> None:
-        self.process.send_signal(signum)
-
-    def wait(self, timeout: float = 30) -> int:
-        return self.process.wait(timeout=timeout)
-
-    def output(self) -> str:
-        return Path(self.log.name).read_text(errors="replace")
-
-    def stop(self) -> None:
-        """Cleanup: whatever state the test left it in, end it (SIGCONT first if stopped)."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGCONT)
-            self.process.kill()
-            self.process.wait(timeout=10)
-        os.unlink(self.log.name)
-
-
-def run_command(*args: str, timeout: float = 60, **env: str) -> tuple[int, str]:
-    command = Command(*args, **env)
-    try:
-        code = command.wait(timeout)
-        return code, command.output()
-    finally:
-        command.stop()
 
 
 def history(client, domain: str, job_id: str, after: int = 0) -> list[dict]:
@@ -163,3 +102,41 @@ class Subscriber:
 
     def close(self):
         self.pubsub.close()
+
+
+def job_events(client, domain: str, job_id) -> list[tuple[str, int]]:
+    """(stage, seq) of every entry of the job in its shard stream, in stream order."""
+    job_id = str(job_id)
+    entries = client.xrange(JobKeys(domain, job_id).stream)
+    return [
+        (fields[b"stage"].decode(), int(fields[b"seq"]))
+        for _id, fields in entries
+        if fields[b"job_id"].decode() == job_id
+    ]
+
+
+def expected_events(domain: str, payload: dict | None = None) -> list[tuple[str, int]]:
+    return [(event.stage, event.seq) for event in pipeline_for(domain, payload).events()]
+
+
+def queued_task_ids(client, queue: str = "celery") -> list[str]:
+    """Ids of the task messages waiting in a Celery queue on the Redis broker."""
+    return [json.loads(message)["headers"]["id"] for message in client.lrange(queue, 0, -1)]
+
+
+def point_broker(url: str) -> None:
+    """Point the Celery app of this process at another broker (drop its pooled connections)."""
+    celery_app.conf.broker_url = url
+    celery_app._pool = None  # kombu keeps a pool per broker: the old one is reused on the way back
+    celery_app.amqp._producer_pool = None
+
+
+@contextmanager
+def broker_down():
+    """The broker is unreachable: a port nothing listens on."""
+    previous = celery_app.conf.broker_url
+    point_broker(f"redis://127.0.0.1:{free_port()}/0")
+    try:
+        yield
+    finally:
+        point_broker(previous)

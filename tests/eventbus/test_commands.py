@@ -15,7 +15,9 @@ from eventbus.keys import JobKeys, stream_key
 from eventbus.routing import streams_for
 from eventbus.stopping import GracefulStop
 
-from .helpers import Command, Subscriber, dead_letters, history, pending, run_command, state, wait_for
+from tests.processes import Manage, run_command, wait_for
+
+from .helpers import Subscriber, dead_letters, history, pending, state
 
 SEQS = list(range(10, 25))
 JOBS = [("scan", f"s{n}") for n in range(12)] + [("chat", f"c{n}") for n in range(12)]
@@ -100,13 +102,14 @@ def commands():
     started = []
 
     def start(*args):
-        command = Command(*args)
+        command = Manage(*args).start()
         started.append(command)
         return command
 
     yield start
-    for command in started:
-        command.stop()
+    for command in started:  # whatever state a test left it in (stopped, even): end it outright
+        command.kill()
+        command.log_path.unlink(missing_ok=True)
 
 
 def test_two_routers_in_one_group_deliver_every_event_once_in_order(redis_client, commands):
@@ -131,7 +134,7 @@ def test_two_routers_in_one_group_deliver_every_event_once_in_order(redis_client
     assert all(counts) and sum(counts) == len(JOBS) * len(SEQS), counts
     for router in routers:
         router.signal(signal.SIGTERM)
-    assert [router.wait() for router in routers] == [0, 0], [r.output()[-2000:] for r in routers]
+    assert [router.wait() for router in routers] == [0, 0], [r.log()[-2000:] for r in routers]
     subscriber.close()
 
 
@@ -172,8 +175,8 @@ def test_sigterm_finishes_the_batch_in_hand_acks_it_and_exits_0(redis_client, co
     router.signal(signal.SIGTERM)  # arrives first when it resumes: it stops after this batch
     router.signal(signal.SIGCONT)
 
-    assert router.wait() == 0, router.output()
-    assert "stopping after the batch in hand" in router.output()
+    assert router.wait() == 0, router.log()
+    assert "stopping after the batch in hand" in router.log()
     assert held_by(redis_client, "term") == 0
     applied = sum(redis_client.zcard(JobKeys(domain, job).history) for domain, job in JOBS)
     assert applied == held  # the batch in hand, and nothing after it
@@ -207,6 +210,6 @@ def test_run_router_burst_in_process_and_option_errors(redis_client):
 
 def test_run_reclaimer_stops_on_sigterm_between_passes(redis_client, commands):
     reclaimer = commands("run_reclaimer", "--interval", "60", "--min-idle-ms", "100")
-    wait_for(lambda: "entries claimed" in reclaimer.output(), timeout=30, message="a first pass")
+    wait_for(lambda: "entries claimed" in reclaimer.log(), timeout=30, message="a first pass")
     reclaimer.signal(signal.SIGTERM)
-    assert reclaimer.wait(timeout=10) == 0, reclaimer.output()
+    assert reclaimer.wait(timeout=10) == 0, reclaimer.log()

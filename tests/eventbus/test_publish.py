@@ -9,7 +9,7 @@ from eventbus import Event, InvalidEvent, OutOfOrderEvent, publish_event, publis
 from eventbus.keys import JobKeys
 from eventbus.scripts import PUBLISH
 
-from .helpers import BASE_DIR
+from tests.processes import BASE_DIR
 
 
 def entries(client, domain, job_id):

@@ -9,6 +9,7 @@ from prometheus_client import REGISTRY
 from eventbus import publish_event, publish_events
 from eventbus.keys import JobKeys, stream_key
 from eventbus.router import Router
+from tests.processes import wait_for
 
 from .helpers import (
     Subscriber,
@@ -18,7 +19,6 @@ from .helpers import (
     job_ids_on_shard,
     pending,
     state,
-    wait_for,
 )
 
 

@@ -5,46 +5,31 @@ The real Celery worker runs in test_tasks_worker.py.
 """
 import io
 import json
-import os
 import subprocess
 import sys
 import threading
 import time
-from contextlib import contextmanager
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 import redis
 from django.core.management import call_command
-from django.db import connection
 from django.utils import timezone
 
-from config import celery_app
-from config.redis_server import free_port
 from eventbus import jobs
 from eventbus.keys import FINAL_SEQ, STAGE_BASE, JobKeys
 from eventbus.pipelines import MAX_CHUNKS, ChatPipeline, ScanPipeline, pipeline_for
 from eventbus.publish import publish_event
 from eventbus.sweep import Sweeper, enqueue_pending
 from idempotency.models import Operation
+from tests.processes import BASE_DIR, process_env, wait_for
 
-BASE_DIR = Path(__file__).resolve().parents[2]
+from .helpers import broker_down, expected_events, job_events, queued_task_ids
+
 State = Operation.State
 
 
-# Helpers the worker tests share ------------------------------------------------------------
-
-
-def job_events(client, domain: str, job_id) -> list[tuple[str, int]]:
-    """(stage, seq) of every entry of the job in its shard stream, in stream order."""
-    job_id = str(job_id)
-    entries = client.xrange(JobKeys(domain, job_id).stream)
-    return [
-        (fields[b"stage"].decode(), int(fields[b"seq"]))
-        for _id, fields in entries
-        if fields[b"job_id"].decode() == job_id
-    ]
+# Helpers --------------------------------------------------------------------------------------
 
 
 def final_data(client, domain: str, job_id) -> dict:
@@ -53,75 +38,6 @@ def final_data(client, domain: str, job_id) -> dict:
         if fields[b"job_id"].decode() == job_id and int(fields[b"seq"]) == FINAL_SEQ:
             return json.loads(fields[b"data"])
     raise AssertionError(f"no final event for job {job_id}")
-
-
-def expected_events(domain: str, payload: dict | None = None) -> list[tuple[str, int]]:
-    return [(event.stage, event.seq) for event in pipeline_for(domain, payload).events()]
-
-
-def queued_task_ids(client, queue: str = "celery") -> list[str]:
-    """Ids of the task messages waiting in a Celery queue on the Redis broker."""
-    return [json.loads(message)["headers"]["id"] for message in client.lrange(queue, 0, -1)]
-
-
-def point_broker(url: str) -> None:
-    """Point the Celery app of this process at another broker (drop its pooled connections)."""
-    celery_app.conf.broker_url = url
-    celery_app._pool = None  # kombu keeps a pool per broker: the old one is reused on the way back
-    celery_app.amqp._producer_pool = None
-
-
-@contextmanager
-def broker_down():
-    """The broker is unreachable: a port nothing listens on."""
-    previous = celery_app.conf.broker_url
-    point_broker(f"redis://127.0.0.1:{free_port()}/0")
-    try:
-        yield
-    finally:
-        point_broker(previous)
-
-
-def wait_for(predicate, *, timeout: float, interval: float = 0.02, message: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
-        time.sleep(interval)
-
-
-def process_env(**extra) -> dict:
-    """Environment for a process the tests start: this run's settings, Redis and test database."""
-    env = dict(os.environ)
-    env.update(
-        DJANGO_SETTINGS_MODULE="config.settings.test",
-        REDIS_URL=os.environ["REDIS_URL"],
-        TEST_DATABASE_NAME=str(connection.settings_dict["NAME"]),
-        PYTHONUNBUFFERED="1",
-    )
-    env.update(extra)
-    return env
-
-
-@pytest.fixture
-def broker(redis_client, redis_url):
-    """The Celery app of this process publishes to the test Redis (flushed: no queued tasks)."""
-    point_broker(redis_url)
-    return redis_client
-
-
-@pytest.fixture
-def make_operation(user):
-    def make(domain="scan", payload=None, **fields):
-        return Operation.objects.create(
-            scope=f"t:{user.pk}", idem_key=fields.pop("idem_key", os.urandom(8).hex()), owner=user,
-            domain=domain, event_type="job.requested", payload=payload or {}, **fields,
-        )
-
-    return make
 
 
 # Pipelines ------------------------------------------------------------------------------------

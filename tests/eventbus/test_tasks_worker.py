@@ -9,25 +9,19 @@ worker's start, and on its periodic restore sweep).
 """
 import os
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 from django.core.management import call_command
 
 from eventbus.jobs import RunLease
 from idempotency.models import Operation
+from tests.processes import Worker, wait_for
 
-from .test_tasks import broker  # noqa: F401 (fixture)
-from .test_tasks import (
-    BASE_DIR, broker_down, expected_events, job_events, process_env, queued_task_ids, wait_for,
-)
+from .helpers import broker_down, expected_events, job_events, queued_task_ids
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-CELERY = str(Path(sys.executable).parent / "celery")
 STAGE_SECONDS = 0.3  # a scan job runs ~1.2 s: time to kill its worker in the middle
 # Longer than a job and than a lease wait (the countdown of a task that found the lease held),
 # or a task still in hand would be delivered a second time: harmless, but noise.
@@ -35,76 +29,22 @@ VISIBILITY_TIMEOUT = 8
 State = Operation.State
 
 
-class Worker:
-    """`celery -A config worker -P prefork -c 1` in a session of its own, logging to a file."""
-
-    def __init__(self, log_path: Path, name: str):
-        self.log_path = log_path
-        self.name = name
-        self.process = None
-
-    def start(self) -> "Worker":
-        env = process_env(
-            EVENTBUS_STAGE_SECONDS=str(STAGE_SECONDS), CELERY_VISIBILITY_TIMEOUT=str(VISIBILITY_TIMEOUT)
-        )
-        self._log = open(self.log_path, "ab")
-        self.process = subprocess.Popen(
-            [CELERY, "-A", "config", "worker", "-P", "prefork", "-c", "1", "--loglevel", "INFO",
-             "-n", f"{self.name}@%h", "--without-gossip", "--without-mingle", "--without-heartbeat"],
-            cwd=BASE_DIR, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-        wait_for(lambda: self.process.poll() is not None or " ready." in self.log(), timeout=30,
-                 message=f"worker {self.name} to start")
-        assert self.process.poll() is None, self.log()
-        return self
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def received(self, job_id) -> int:
-        return self.log().count(f"Task eventbus.run_job[{job_id}] received")
-
-    def pool_pids(self) -> list[int]:
-        """The prefork pool's processes: the worker's children."""
-        pids = []
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                fields = stat.read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == self.process.pid:
-                pids.append(int(stat.parent.name))
-        return pids
-
-    def kill(self) -> None:
-        """SIGKILL the worker and its pool, as a crashed machine: nothing acks or requeues."""
-        os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
-        self._log.close()
-
-
 @pytest.fixture
-def start_worker(broker, tmp_path):
+def start_worker(broker):
     """Starts workers against the (flushed) test Redis; stops them all at the end."""
     workers = []
 
     def start(name="w1"):
-        worker = Worker(tmp_path / f"{name}.log", name)
+        worker = Worker(
+            name, EVENTBUS_STAGE_SECONDS=str(STAGE_SECONDS), CELERY_VISIBILITY_TIMEOUT=str(VISIBILITY_TIMEOUT)
+        )
         workers.append(worker)
         return worker.start()
 
     yield start
     for worker in workers:
         worker.stop()
+        worker.log_path.unlink(missing_ok=True)
 
 
 def post_job(api_client, domain="scan", payload=None, key="key-1"):
