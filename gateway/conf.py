@@ -7,6 +7,8 @@ DEFAULTS = {
     "QUEUE_SIZE": 1000,
     # How long a new socket waits for its channel subscription to be confirmed.
     "SUBSCRIBE_TIMEOUT": 5.0,
+    # Connections for history and state reads, shared by every socket of the process.
+    "READ_CONNECTIONS": 8,
     # Pause before the hub reconnects after Redis dropped its connection (doubles up to 2 s).
     "RECONNECT_DELAY": 0.05,
 }

@@ -100,10 +100,12 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
 
     async def disconnect(self, code):
         self.closing = True
-        if self.pump:
-            self.pump.cancel()
         if self.job_keys:
             await self.hub.remove(self.job_keys.channel, self)
+        if self.pump and not self.pump.done():
+            self.pump.cancel()
+            # Wait for it: a pump left pending would outlive its socket.
+            await asyncio.wait({self.pump}, timeout=2)
 
     async def receive(self, text_data=None, bytes_data=None):
         pass  # the stream is one-way; the client resumes by reconnecting with last_seq
@@ -135,7 +137,7 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
 
     async def _pump(self) -> None:
         try:
-            while True:
+            while not self.closing:
                 item = await self.queue.get()
                 if item is _RESYNC:
                     await self._backfill_when_redis_answers()
@@ -158,7 +160,7 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
     async def _backfill_when_redis_answers(self) -> None:
         """A Redis blip must not cost the client its socket: retry until Redis answers."""
         delay = gateway_settings.RECONNECT_DELAY
-        while True:
+        while not self.closing:
             try:
                 return await self._backfill()
             except (RedisConnectionError, RedisTimeoutError) as exc:
@@ -172,18 +174,19 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
         self.last_sent = seq
 
     async def _backfill(self) -> None:
-        redis = self.hub.redis
-        raws = await redis.zrangebyscore(self.job_keys.history, f"({self.last_sent}", "+inf")
+        async with self.hub.redis.pipeline(transaction=False) as pipe:  # one round trip
+            pipe.zrangebyscore(self.job_keys.history, f"({self.last_sent}", "+inf")
+            pipe.get(self.job_keys.applied)
+            pipe.get(self.job_keys.state)
+            raws, applied, state = await pipe.execute()
         entries = [(raw, json.loads(raw)) for raw in raws]
         if not entries or entries[0][1].get("prev_seq", 0) > self.last_sent:
             # The history does not reach back to what the client has. Either the router has
             # applied nothing newer yet (wait for it: the state KV runs ahead, written at
             # publish time), or what the client misses expired: reset it to the state.
-            applied = await redis.get(self.job_keys.applied)
             expired = applied is None and self.last_sent > 0  # the client saw events the router forgot
             if not entries and not expired and int(applied or 0) <= self.last_sent:
                 return
-            state = await redis.get(self.job_keys.state)
             await self._reset(json.loads(state)) if state is not None else await self._reset_expired()
         for raw, event in entries:
             if event["seq"] > self.last_sent:

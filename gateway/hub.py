@@ -1,8 +1,8 @@
 """One Redis pub/sub connection per gateway process, multiplexed over every socket.
 
 Sockets register a listener per job channel; the hub subscribes a channel when its first
-listener arrives and unsubscribes it when the last one leaves, so Redis connections stay
-O(1) in sockets. When Redis drops the connection, redis-py reconnects and resubscribes;
+listener arrives and unsubscribes it when the last one leaves. Redis connections stay O(1)
+in sockets: one for pub/sub, at most GATEWAY['READ_CONNECTIONS'] for history reads. When Redis drops the connection, redis-py reconnects and resubscribes;
 messages published meanwhile are lost on pub/sub, so the hub then asks every listener to
 resync (backfill from the job's history), and nothing is lost.
 """
@@ -42,15 +42,21 @@ class _TrackedPubSub(PubSub):
 
 class Hub:
     def __init__(self, url: str):
+        # The pub/sub connection has a client of its own; reads (history, state) share a small
+        # blocking pool: a burst of sockets backfilling at once (a reconnect resyncs them all)
+        # queues for a connection instead of opening one each and hitting the pool's limit.
         self._redis = aioredis.Redis.from_url(url)
-        # On a Redis Cluster PUBLISH reaches every node, so one plain connection to any node
-        # hears every channel; history and state reads need the cluster client.
         if eventbus_settings.CLUSTER:
+            # PUBLISH reaches every node of a cluster, so one plain connection to any node hears
+            # every channel; reads need the cluster client.
             from redis.asyncio.cluster import RedisCluster
 
             self._reads = RedisCluster.from_url(url)
         else:
-            self._reads = self._redis
+            pool = aioredis.BlockingConnectionPool.from_url(
+                url, max_connections=gateway_settings.READ_CONNECTIONS, timeout=None
+            )
+            self._reads = aioredis.Redis(connection_pool=pool)
         self._pubsub = _TrackedPubSub(self._redis.connection_pool, ignore_subscribe_messages=False)
         self._pubsub.hub = self
         self._listeners: dict[str, set[Listener]] = {}
@@ -130,8 +136,7 @@ class Hub:
         if self._reader:
             self._reader.cancel()
         await self._pubsub.aclose()
-        if self._reads is not self._redis:
-            await self._reads.aclose()
+        await self._reads.aclose()
         await self._redis.aclose()
 
 

@@ -1,0 +1,1415 @@
+#!/usr/bin/env python
+"""Gateway benchmark (SPEC §9): a script, never a test.
+
+One run starts a private Redis, a database of its own (a SQLite file; on the PostgreSQL server
+of DATABASE_URL when that is PostgreSQL), migrates it, creates a user with a session and
+--jobs jobs (Operations owned by the user), then one daphne process serving config.asgi
+(config.settings.production: DEBUG off) and one `manage.py run_router`, and measures:
+
+1. Sockets held: --sockets WebSocket connections to /ws/jobs/<id>/ (session cookie, Origin),
+   spread over the jobs, opened from this process (asyncio, `websockets`) --connect-concurrency
+   at a time; at checkpoints: sockets open, daphne's RSS (/proc VmRSS), the Redis connections
+   (CLIENT LIST, TYPE pubsub, and which process holds each), the job channels subscribed.
+2. Publish -> frame latency: --latency-sockets sockets on --latency-jobs fresh jobs, a publisher
+   process calling eventbus.publish_event at --rate events/s for --duration s (each event's data
+   carries time.time_ns() at publish), the router routing them; every frame's
+   receive_time - publish_time, and every frame checked: exactly once (duplicates and missing
+   counted). A tap (a pattern subscription of this process on the job channels) times the
+   router's PUBLISH too, which splits the latency into eventbus (publish -> PUBLISH) and
+   gateway (PUBLISH -> frame). --runs runs, each on fresh sockets and jobs.
+3. A table of PASS/MISS per SPEC target. When the latency target is missed (or --profile
+   always), one more run, not counted, with py-spy on daphne and on the router; its hottest
+   frames go to the report.
+
+    .venv/bin/python bench/gateway.py [--sockets 5000] [--jobs 1000] [--runs 3] [--duration 20]
+
+Results are printed and written between the markers of bench/REPORT-gateway.md (the rest of
+that file is the analysis); raw figures go to bench/results/gateway-*.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import datetime
+import json
+import os
+import platform
+import resource
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from config.redis_server import RedisServer, free_port  # noqa: E402
+
+BIN = Path(sys.executable).parent
+REPORT = ROOT / "bench" / "REPORT-gateway.md"
+RESULTS_DIR = ROOT / "bench" / "results"
+BEGIN, END = "<!-- bench:results:begin -->", "<!-- bench:results:end -->"
+SECRET_KEY = "bench-gateway-only-not-a-secret"
+DOMAIN = "scan"
+STAGE = "bench"
+CHANNEL_PATTERN = "*:channel:*"
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+# SPEC §9 targets
+TARGET_SOCKETS = 5000
+TARGET_P99_MS = 10.0
+TARGET_RATE = 1000
+TARGET_LATENCY_SOCKETS = 200
+
+
+# --- processes and /proc ----------------------------------------------------------------------
+
+
+class Child:
+    """One command in a session of its own, its output in a log file; stopped by stop()."""
+
+    def __init__(self, name: str, command: list[str], env: dict, log_dir: Path):
+        self.name, self.command, self.env = name, command, env
+        self.log_path = log_dir / f"{name}.log"
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> "Child":
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                self.command,
+                cwd=ROOT,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        return self
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def log(self, tail: int = 3000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-tail:]
+        except OSError:
+            return ""
+
+    def stop(self, timeout: float = 20) -> None:
+        if not self.alive():
+            return
+        try:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=10)
+        except ProcessLookupError:
+            pass
+
+
+def rss_kb(pid: int) -> dict[str, int]:
+    """VmRSS and VmHWM (peak) of a process, kB."""
+    found = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(("VmRSS:", "VmHWM:")):
+            name, value = line.split(":", 1)
+            found[name] = int(value.split()[0])
+    return found
+
+
+def cpu_seconds(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def machine_busy() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine since boot (/proc/stat)."""
+    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = values[3] + values[4]
+    total = sum(values[:8])
+    return (total - idle) / CLOCK_TICKS, total / CLOCK_TICKS
+
+
+def socket_ports(pid: int) -> set[int]:
+    """Local TCP ports of the sockets a process holds (its fds matched to /proc/net/tcp*)."""
+    inodes = set()
+    fd_dir = Path(f"/proc/{pid}/fd")
+    try:
+        for fd in fd_dir.iterdir():
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    except OSError:
+        return set()
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[9] in inodes:
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def redis_connections(client, owners: dict[str, int]) -> dict:
+    """CLIENT LIST: the total, TYPE pubsub, and each connection's owner process."""
+    clients = client.client_list()
+    pubsub_ids = {c["id"] for c in client.client_list(_type="pubsub")}
+    ports = {name: socket_ports(pid) for name, pid in owners.items()}
+    by_owner: dict[str, dict[str, int]] = {}
+    for c in clients:
+        port = int(c["addr"].rsplit(":", 1)[1])
+        owner = next((name for name, held in ports.items() if port in held), "other")
+        entry = by_owner.setdefault(owner, {"all": 0, "pubsub": 0})
+        entry["all"] += 1
+        entry["pubsub"] += c["id"] in pubsub_ids
+    return {"total": len(clients), "pubsub": len(pubsub_ids), "by_owner": by_owner}
+
+
+def percentile(ordered: list, q: float) -> float:
+    if not ordered:
+        return float("nan")
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+# --- the database -----------------------------------------------------------------------------
+
+
+class Database:
+    """The bench's own database: a SQLite file, or a new database on the PostgreSQL server of
+    DATABASE_URL; dropped by drop()."""
+
+    def __init__(self):
+        self.name = f"bench_gateway_{os.getpid()}"
+        url = os.environ.get("DATABASE_URL", "")
+        self.vendor = "postgresql" if url.startswith(("postgres", "pgsql")) else "sqlite"
+        self.server_url = url
+        self.created = False
+        if self.vendor == "sqlite":
+            self.path = Path(tempfile.gettempdir()) / f"{self.name}.sqlite3"
+            self.url = f"sqlite:///{self.path}"
+            self.version = "SQLite " + __import__("sqlite3").sqlite_version
+
+    def _conninfo(self) -> str:
+        import psycopg.conninfo
+
+        parts = urlsplit(self.server_url)
+        return psycopg.conninfo.make_conninfo(
+            host=parts.hostname or "127.0.0.1",
+            port=parts.port or 5432,
+            user=parts.username or "postgres",
+            password=parts.password or None,
+            dbname=parts.path.lstrip("/") or "postgres",
+        )
+
+    def create(self) -> None:
+        if self.vendor == "postgresql":
+            import psycopg
+
+            with psycopg.connect(self._conninfo(), autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{self.name}"')
+                conn.execute(f'CREATE DATABASE "{self.name}"')
+                self.version = "PostgreSQL " + conn.execute("SHOW server_version").fetchone()[0]
+            self.url = urlunsplit(urlsplit(self.server_url)._replace(path="/" + self.name))
+        self.created = True
+
+    def drop(self) -> None:
+        if not self.created:
+            return
+        self.created = False
+        if self.vendor == "sqlite":
+            for suffix in ("", "-wal", "-shm"):
+                Path(str(self.path) + suffix).unlink(missing_ok=True)
+            return
+        import psycopg
+
+        with psycopg.connect(self._conninfo(), autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+
+
+# --- setup ------------------------------------------------------------------------------------
+
+
+def bench_env(redis_url: str, database_url: str) -> dict:
+    """The environment of daphne, the router, the publisher and this process's Django."""
+    env = dict(os.environ)
+    env.update(
+        DJANGO_SETTINGS_MODULE="config.settings.production",  # DEBUG off
+        DJANGO_SECRET_KEY=SECRET_KEY,
+        ALLOWED_HOSTS="127.0.0.1,localhost",
+        REDIS_URL=redis_url,
+        DATABASE_URL=database_url,
+        LOG_LEVEL="WARNING",
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+def setup_django() -> None:
+    import django
+
+    django.setup()
+
+
+def create_fixtures(jobs: int) -> tuple[str, list[str]]:
+    """A user, a logged-in session (its key) and `jobs` Operations of that user (their ids)."""
+    from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY, get_user_model
+    from django.contrib.sessions.backends.db import SessionStore
+
+    from idempotency.models import Operation
+
+    user = get_user_model().objects.create_user("bench", password=None)
+    session = SessionStore()
+    session[SESSION_KEY] = str(user.pk)
+    session[BACKEND_SESSION_KEY] = "django.contrib.auth.backends.ModelBackend"
+    session[HASH_SESSION_KEY] = user.get_session_auth_hash()
+    session.save()
+    operations = [
+        Operation(
+            scope=f"bench:{user.pk}",
+            idem_key=f"bench-{i}",
+            owner=user,
+            domain=DOMAIN,
+            event_type="bench",
+            state=Operation.State.RUNNING,
+        )
+        for i in range(jobs)
+    ]
+    Operation.objects.bulk_create(operations, batch_size=500)
+    return session.session_key, [str(op.op_id) for op in operations]
+
+
+def wait_port(child: Child, port: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not child.alive():
+            break
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{child.name} did not start:\n{child.log()}")
+
+
+def wait_router(child: Child, client, timeout: float = 60) -> None:
+    """Ready when its group has a consumer on every stream (it has issued XREADGROUP)."""
+    from eventbus.routing import streams_for
+
+    keys = [stream.key for stream in streams_for(None)]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not child.alive():
+            break
+        try:
+            if all(any(g["consumers"] for g in client.xinfo_groups(key)) for key in keys):
+                return
+        except Exception:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"the router did not start:\n{child.log()}")
+
+
+# --- WebSocket clients ------------------------------------------------------------------------
+
+
+class Target:
+    def __init__(self, port: int, session_key: str):
+        self.port, self.session_key = port, session_key
+
+    def url(self, job_id: str) -> str:
+        return f"ws://127.0.0.1:{self.port}/ws/jobs/{job_id}/"
+
+    async def connect(self, job_id: str):
+        from websockets.asyncio.client import connect
+
+        return await connect(
+            self.url(job_id),
+            origin=f"http://127.0.0.1:{self.port}",
+            additional_headers={"Cookie": f"sessionid={self.session_key}"},
+            compression=None,  # daphne's frames as they are
+            proxy=None,
+            ping_interval=None,  # daphne pings idle sockets itself; the library answers
+            open_timeout=60,
+            close_timeout=10,
+        )
+
+
+async def open_sockets(target: Target, jobs: list[str], count: int, concurrency: int, start: int = 0):
+    """Open sockets start..count-1, socket i on jobs[i % len(jobs)]; (sockets, handshake s, failures)."""
+    semaphore = asyncio.Semaphore(concurrency)
+    opened, handshakes, failures = [], [], collections.Counter()
+
+    async def one(i: int):
+        # A failed handshake is counted and tried once more, as a browser would reconnect.
+        for attempt in (1, 2):
+            async with semaphore:
+                began = time.perf_counter()
+                try:
+                    ws = await target.connect(jobs[i % len(jobs)])
+                except Exception as exc:  # counted, the bench goes on
+                    failures[f"attempt {attempt}: {type(exc).__name__}: {str(exc)[:100]}"] += 1
+                    continue
+                handshakes.append(time.perf_counter() - began)
+                opened.append((i, ws))
+                return
+
+    await asyncio.gather(*(one(i) for i in range(start, count)))
+    opened.sort(key=lambda pair: pair[0])
+    return [ws for _, ws in opened], handshakes, failures
+
+
+async def close_sockets(sockets: list, concurrency: int = 200) -> None:
+    semaphore = asyncio.Semaphore(concurrency)
+
+    async def one(ws):
+        async with semaphore:
+            try:
+                await ws.close()
+            except Exception:
+                pass
+
+    await asyncio.gather(*(one(ws) for ws in sockets))
+
+
+def open_count(sockets: list) -> int:
+    from websockets.protocol import State
+
+    return sum(ws.state is State.OPEN for ws in sockets)
+
+
+async def wait_channels(client, expected: int, timeout: float = 60) -> tuple[int, float]:
+    """Wait until `expected` job channels are subscribed (PUBSUB CHANNELS); (count, seconds)."""
+    began = time.perf_counter()
+    while True:
+        count = len(client.pubsub_channels(CHANNEL_PATTERN))
+        if count == expected or time.perf_counter() - began > timeout:
+            return count, time.perf_counter() - began
+        await asyncio.sleep(0.05)
+
+
+# --- 1. sockets held --------------------------------------------------------------------------
+
+
+async def hold_sockets(ctx, args) -> dict:
+    client, target, daphne = ctx["client"], ctx["target"], ctx["daphne"]
+    jobs = ctx["jobs"][: args.jobs]
+    checkpoints = sorted({c for c in (200, 1000, 2000, args.sockets) if c <= args.sockets})
+    result = {"jobs": len(jobs), "concurrency": args.connect_concurrency, "checkpoints": []}
+    result["before"] = {"rss": rss_kb(daphne.pid), "redis": redis_connections(client, ctx["owners"]())}
+    sockets, handshakes, failures = [], [], collections.Counter()
+    began, opened = time.perf_counter(), 0
+    for checkpoint in checkpoints:
+        step_began = time.perf_counter()
+        new, times, failed = await open_sockets(
+            target, jobs, checkpoint, args.connect_concurrency, start=opened
+        )
+        opened = checkpoint
+        sockets += new
+        handshakes += times
+        failures += failed
+        step_seconds = time.perf_counter() - step_began
+        channels, _ = await wait_channels(client, min(checkpoint, len(jobs)))
+        numsub = client.pubsub_numsub(*client.pubsub_channels(CHANNEL_PATTERN)[:50])
+        point = {
+            "sockets": checkpoint,
+            "open": open_count(sockets),
+            "seconds": round(step_seconds, 2),
+            "rss": rss_kb(daphne.pid),
+            "channels": channels,
+            "max_subscribers_per_channel": max((n for _, n in numsub), default=0),
+            "redis": redis_connections(client, ctx["owners"]()),
+            "daphne_fds": len(os.listdir(f"/proc/{daphne.pid}/fd")),
+        }
+        result["checkpoints"].append(point)
+        print(
+            f"  {point['open']:>5} sockets open ({step_seconds:.1f} s for this step); daphne RSS "
+            f"{point['rss']['VmRSS'] / 1024:.0f} MiB; Redis connections {point['redis']['total']} "
+            f"(daphne {point['redis']['by_owner'].get('daphne', {})}); {channels} channels",
+            flush=True,
+        )
+    result["connect_seconds"] = round(time.perf_counter() - began, 2)
+    await asyncio.sleep(args.hold)
+    handshakes.sort()
+    result.update(
+        attempted=args.sockets,
+        held=open_count(sockets),
+        held_after_seconds=args.hold,
+        failures=dict(failures),
+        closed_codes=dict(collections.Counter(ws.close_code for ws in sockets if ws.close_code is not None)),
+        handshake_ms={
+            q: round(percentile(handshakes, p) * 1000, 1)
+            for q, p in (("p50", 0.5), ("p99", 0.99), ("max", 1.0))
+        },
+        rss_held=rss_kb(daphne.pid),
+        redis_held=redis_connections(client, ctx["owners"]()),
+    )
+    print(f"  held {result['held']} of {args.sockets} after {args.hold:.0f} s", flush=True)
+    result["fanout"] = await probe(ctx, sockets, jobs, seq=1)
+    print(
+        f"  fan-out: one event per job, a frame to each of the {len(sockets)} sockets: "
+        f"{result['fanout']['received']} arrived, all within {result['fanout']['ms']['max']} ms",
+        flush=True,
+    )
+    if args.blip:
+        result["blip"] = await redis_blip(ctx, sockets, jobs)
+        b = result["blip"]
+        print(
+            f"  Redis blip: hub's pub/sub connection killed; channels back in {b['resubscribed_in']} s; daphne's "
+            f"Redis connections peaked at {b['peak_daphne']} (were {b['daphne_before']}); a frame published "
+            f"right after reached {b['probe']['received']} sockets, the last after {b['probe']['ms']['max']} ms; "
+            f"sockets still open {b['still_open']}",
+            flush=True,
+        )
+    print("  closing", flush=True)
+    await close_sockets(sockets)
+    channels, seconds = await wait_channels(client, 0)
+    await asyncio.sleep(1)
+    result["after_close"] = {
+        "channels": channels,
+        "unsubscribed_in": round(seconds, 2),
+        "rss": rss_kb(daphne.pid),
+        "redis": redis_connections(client, ctx["owners"]()),
+    }
+    return result
+
+
+async def probe(ctx, sockets: list, jobs: list[str], seq: int, timeout: float = 60) -> dict:
+    """Publish one event (this seq) to every job at once (publish_events, one round trip) and
+    time its frame on every socket (socket i is on jobs[i % len(jobs)])."""
+    from eventbus import publish_events
+
+    sent_ns = time.time_ns()
+    publish_events([(DOMAIN, job, STAGE, seq, {"t": sent_ns, "probe": seq}) for job in jobs])
+
+    async def one(ws):
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                frame = json.loads(await asyncio.wait_for(ws.recv(), left))
+            except Exception:
+                return None
+            if frame.get("type") == "event" and frame.get("seq") == seq:
+                return (time.time_ns() - sent_ns) / 1e6
+        return None
+
+    times = await asyncio.gather(*(one(ws) for ws in sockets))
+    arrived = sorted(t for t in times if t is not None)
+    return {
+        "received": len(arrived),
+        "sockets": len(sockets),
+        "ms": {q: round(percentile(arrived, p), 1) for q, p in (("p50", 0.5), ("p99", 0.99), ("max", 1.0))},
+    }
+
+
+async def redis_blip(ctx, sockets: list, jobs: list[str], watch: float = 8.0) -> dict:
+    """CLIENT KILL the hub's pub/sub connection (a Redis blip): the hub reconnects, resubscribes
+    and resyncs every socket (a backfill each). How many Redis connections does that take, and
+    how long until an event published right after reaches every socket?"""
+    client, daphne = ctx["client"], ctx["daphne"]
+    channels = min(len(sockets), len(jobs))
+
+    def daphne_connections() -> int:
+        return redis_connections(client, {"daphne": daphne.pid})["by_owner"].get("daphne", {}).get("all", 0)
+
+    before = daphne_connections()
+    peak, back_in = before, None
+    began = time.perf_counter()
+
+    async def watch_connections():
+        nonlocal peak, back_in
+        while time.perf_counter() - began < watch:
+            await asyncio.sleep(0.2)
+            peak = max(peak, daphne_connections())
+            if back_in is None and len(client.pubsub_channels(CHANNEL_PATTERN)) == channels:
+                back_in = round(time.perf_counter() - began, 2)
+
+    killed = client.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+    watcher = asyncio.create_task(watch_connections())
+    arrival = await probe(ctx, sockets, jobs, seq=2)
+    await watcher
+    return {
+        "killed": killed,
+        "resubscribed_in": back_in,
+        "daphne_before": before,
+        "peak_daphne": peak,
+        "daphne_after": daphne_connections(),
+        "still_open": open_count(sockets),
+        "probe": arrival,
+        "rss": rss_kb(daphne.pid),
+    }
+
+
+# --- 2. publish -> frame latency --------------------------------------------------------------
+
+
+def publisher_main(args) -> None:
+    """The publisher process: --rate events/s for --duration s, round robin over the jobs."""
+    setup_django()
+    from eventbus import publish_event
+
+    jobs = json.loads(Path(args.publisher).read_text())
+    total, interval = int(args.rate * args.duration), 1.0 / args.rate
+    lags, calls = [], []
+    perf, sleep, now_ns = time.perf_counter, time.sleep, time.time_ns
+    print("ready", flush=True)
+    cpu_start = time.process_time()
+    start = perf() + 0.1
+    for i in range(total):
+        due = start + i * interval
+        wait = due - perf()
+        if wait > 0:
+            sleep(wait)
+        began = perf()
+        publish_event(DOMAIN, jobs[i % len(jobs)], STAGE, i // len(jobs) + 1, {"t": now_ns(), "i": i})
+        ended = perf()
+        lags.append(began - due)
+        calls.append(ended - began)
+    elapsed = perf() - start
+    cpu = time.process_time() - cpu_start
+    lags.sort()
+    calls.sort()
+    print(
+        json.dumps(
+            {
+                "published": total,
+                "seconds": elapsed,
+                "cpu_seconds": cpu,
+                "rate": total / elapsed,
+                "lag_ms": {
+                    q: percentile(lags, p) * 1000 for q, p in (("p50", 0.5), ("p99", 0.99), ("max", 1.0))
+                },
+                "late_1ms": sum(lag > 0.001 for lag in lags),
+                "final_lag_ms": (perf() - (start + (total - 1) * interval)) * 1000 if total else 0,
+                "call_ms": {
+                    q: percentile(calls, p) * 1000 for q, p in (("p50", 0.5), ("p99", 0.99), ("max", 1.0))
+                },
+            }
+        ),
+        flush=True,
+    )
+
+
+class Profiler:
+    """py-spy record on a process for the run (nonblocking: the target is never paused)."""
+
+    RATE = 100  # samples/s
+
+    def __init__(self, name: str, pid: int, seconds: float, log_dir: Path):
+        self.name, self.output = name, log_dir / f"py-spy-{name}.txt"
+        self.seconds = seconds
+        binary = shutil.which("py-spy") or str(BIN / "py-spy")
+        self.process = subprocess.Popen(
+            [
+                binary,
+                "record",
+                "--nonblocking",
+                "-r",
+                str(self.RATE),
+                "-d",
+                str(int(seconds)),
+                "-f",
+                "raw",
+                "-o",
+                str(self.output),
+                "-p",
+                str(pid),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+    def finish(self) -> dict:
+        try:
+            self.process.wait(timeout=self.seconds + 30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGINT)
+            self.process.wait(timeout=10)
+        return summarise_profile(self.output, self.seconds * self.RATE)
+
+
+def _frame(raw: str) -> str:
+    """'func (path/to/file.py:12)' -> 'func (to/file.py)'."""
+    if " (" not in raw:
+        return raw
+    name, where = raw.rsplit(" (", 1)
+    path = where.rstrip(")").rsplit(":", 1)[0]
+    return f"{name} ({'/'.join(path.split('/')[-2:])})"
+
+
+# Leaves where a thread waits (py-spy --nonblocking counts them as samples too): the event
+# loop's select, and a blocking read of a Redis reply (the router's XREADGROUP BLOCK and its
+# pipeline replies: time Redis takes, not the router's CPU).
+WAITING = {
+    "EpollSelector.select (selectors.py)",
+    "select (selectors.py)",
+    "_HiredisParser.read_from_socket (_parsers/hiredis.py)",
+}
+
+
+def summarise_profile(path: Path, possible: float) -> dict:
+    """Hottest frames of a py-spy raw (collapsed) profile, waiting samples apart: by self and
+    by inclusive share of the working samples."""
+    own, inclusive, total, waiting = collections.Counter(), collections.Counter(), 0, 0
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return {"error": f"no profile at {path}"}
+    for line in lines:
+        stack, _, count = line.rpartition(" ")
+        if not count.isdigit():
+            continue
+        n = int(count)
+        frames = [_frame(f) for f in stack.split(";") if f and not f.startswith(("process ", "thread "))]
+        if not frames:
+            continue
+        if frames[-1] in WAITING:
+            waiting += n
+            continue
+        total += n
+        own[frames[-1]] += n
+        for frame in set(frames):
+            inclusive[frame] += n
+    return {
+        "samples": total,
+        "waiting_samples": waiting,
+        "busy": total / possible if possible else None,  # share of the run spent working
+        "self": [(f, n / total) for f, n in own.most_common(15)] if total else [],
+        "inclusive": [(f, n / total) for f, n in inclusive.most_common(30)] if total else [],
+        "file": str(path),
+    }
+
+
+async def latency_run(ctx, args, run: int, profile: bool = False) -> dict:
+    from eventbus.keys import JobKeys
+
+    client, target, daphne, router = ctx["client"], ctx["target"], ctx["daphne"], ctx["router"]
+    first = args.jobs + run * args.latency_jobs  # fresh jobs: no history to backfill
+    jobs = ctx["jobs"][first : first + args.latency_jobs]
+    channels = {JobKeys(DOMAIN, job).channel: job for job in jobs}
+
+    sockets, _, failures = await open_sockets(target, jobs, args.latency_sockets, args.connect_concurrency)
+    if failures or len(sockets) != args.latency_sockets:
+        raise RuntimeError(
+            f"latency run: {len(sockets)} of {args.latency_sockets} sockets opened: {dict(failures)}"
+        )
+    subscribed, _ = await wait_channels(client, len(jobs))
+    frames: list[list] = [[] for _ in sockets]
+
+    async def reader(ws, sink):
+        from websockets.exceptions import ConnectionClosed
+
+        try:
+            async for raw in ws:
+                sink.append((time.time_ns(), raw))
+        except ConnectionClosed:
+            pass
+
+    readers = [asyncio.create_task(reader(ws, sink)) for ws, sink in zip(sockets, frames)]
+
+    # The tap: this process's own pattern subscription sees each router PUBLISH.
+    tapped: list = []
+    tap_task = None
+    if args.tap:
+        import redis.asyncio as aioredis
+
+        tap_client = aioredis.Redis.from_url(ctx["redis_url"])
+        tap = tap_client.pubsub()
+        await tap.psubscribe(CHANNEL_PATTERN)
+        await tap.get_message(timeout=1.0)  # the psubscribe confirmation
+
+        async def tap_reader():
+            while True:
+                message = await tap.get_message(timeout=1.0)
+                if message and message["type"] == "pmessage":
+                    tapped.append((time.time_ns(), message["data"]))
+
+        tap_task = asyncio.create_task(tap_reader())
+
+    jobs_file = ctx["log_dir"] / f"jobs-{run}.json"
+    jobs_file.write_text(json.dumps(jobs))
+    publisher = subprocess.Popen(
+        [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--publisher",
+            str(jobs_file),
+            "--rate",
+            str(args.rate),
+            "--duration",
+            str(args.duration),
+        ],
+        cwd=ROOT,
+        env=ctx["env"],
+        stdout=subprocess.PIPE,
+        stderr=open(ctx["log_dir"] / f"publisher-{run}.log", "wb"),
+        start_new_session=True,
+        text=True,
+    )
+    ctx["publishers"].append(publisher)
+    loop = asyncio.get_running_loop()
+    profilers = []
+    if profile:  # attached before the publishing starts: attaching stalls the target a moment
+        profilers = [
+            Profiler(name, pid, args.duration + 4, ctx["log_dir"])
+            for name, pid in (("daphne", daphne.pid), ("router", router.pid))
+        ]
+        await asyncio.sleep(1.5)
+    ready = await loop.run_in_executor(None, publisher.stdout.readline)
+    if ready.strip() != "ready":
+        raise RuntimeError(f"the publisher did not start: {ready!r}")
+    pids = {
+        "daphne": daphne.pid,
+        "router": router.pid,
+        "redis": ctx["redis_pid"],
+        "bench (clients)": os.getpid(),
+        "publisher": publisher.pid,
+    }
+    cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    busy_before = machine_busy()
+    load_before = os.getloadavg()
+    began = time.perf_counter()
+    output = await loop.run_in_executor(None, publisher.stdout.read)
+    publisher.wait(timeout=30)
+    elapsed = time.perf_counter() - began
+    cpu = {name: cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
+    busy_after = machine_busy()
+    stats = json.loads(output.strip().splitlines()[-1])
+    cpu["publisher"] = stats["cpu_seconds"]  # its own count: it has exited
+
+    expected_per_job = collections.Counter()
+    for i in range(stats["published"]):
+        expected_per_job[jobs[i % len(jobs)]] += 1
+    expected = sum(expected_per_job[jobs[s % len(jobs)]] for s in range(len(sockets)))
+
+    # Drain: until every expected frame is in, or nothing new for --drain seconds.
+    last, still = -1, time.perf_counter()
+    while True:
+        received = sum(len(f) for f in frames)
+        if received >= expected:
+            break
+        if received != last:
+            last, still = received, time.perf_counter()
+        elif time.perf_counter() - still > args.drain:
+            break
+        await asyncio.sleep(0.1)
+    await asyncio.sleep(0.5)  # a late duplicate would still show up
+    profiles = {p.name: await loop.run_in_executor(None, p.finish) for p in profilers}
+
+    if tap_task:
+        tap_task.cancel()
+        await tap.aclose()
+        await tap_client.aclose()
+    closed_codes = collections.Counter(ws.close_code for ws in sockets if ws.close_code is not None)
+    still_open = open_count(sockets)
+    await close_sockets(sockets)
+    for task in readers:
+        task.cancel()
+
+    # Every frame: exactly once, in the job's seqs, and its latency.
+    warmup_i = int(args.rate * args.warmup)
+    latencies, duplicates, missing, unexpected, out_of_order = [], 0, 0, collections.Counter(), 0
+    per_second = collections.defaultdict(list)
+    ws_recv = {}  # (job, seq) -> first receive ns over the job's sockets
+    for s, sink in enumerate(frames):
+        job = jobs[s % len(jobs)]
+        seen = collections.Counter()
+        previous = 0
+        for received_ns, raw in sink:
+            frame = json.loads(raw)
+            if frame.get("type") != "event":
+                unexpected[frame.get("type", "?")] += 1
+                continue
+            seq = frame["seq"]
+            seen[seq] += 1
+            if seq < previous:
+                out_of_order += 1
+            previous = seq
+            if seen[seq] > 1:
+                continue
+            data = frame["data"]
+            latency = (received_ns - data["t"]) / 1e6
+            key = (job, seq)
+            ws_recv[key] = min(ws_recv.get(key, received_ns), received_ns)
+            if data["i"] >= warmup_i:
+                latencies.append(latency)
+                per_second[data["i"] // args.rate].append(latency)
+        duplicates += sum(n - 1 for n in seen.values() if n > 1)
+        wanted = set(range(1, expected_per_job[job] + 1))
+        missing += len(wanted - set(seen))
+        unexpected["seq not published"] += len(set(seen) - wanted)
+    received = sum(len(f) for f in frames)
+
+    # The tap: publish -> router PUBLISH (eventbus), and PUBLISH -> frame (gateway).
+    to_publish, publish_to_frame = [], []
+    for tapped_ns, raw in tapped:
+        event = json.loads(raw)
+        if event["data"]["i"] < warmup_i:
+            continue
+        to_publish.append((tapped_ns - event["data"]["t"]) / 1e6)
+        first_frame = ws_recv.get((event["job_id"], event["seq"]))
+        if first_frame is not None:
+            publish_to_frame.append((first_frame - tapped_ns) / 1e6)
+
+    def quantiles(values: list) -> dict:
+        values = sorted(values)
+        return {
+            q: round(percentile(values, p), 2)
+            for q, p in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("p99.9", 0.999), ("max", 1.0))
+        } | {"n": len(values)}
+
+    seconds_p99 = sorted(percentile(sorted(v), 0.99) for v in per_second.values())
+    busy = busy_after[0] - busy_before[0]
+    wall = busy_after[1] - busy_before[1]
+    ours = sum(cpu.values())
+    # On schedule: the rate, and no stall (a stall then a catch-up burst is not 1,000/s).
+    kept_up = stats["rate"] >= 0.99 * args.rate and stats["lag_ms"]["p99"] <= 5
+    return {
+        "run": run,
+        "profiled": profile,
+        "sockets": len(sockets),
+        "jobs": len(jobs),
+        "channels_subscribed": subscribed,
+        "publisher": stats,
+        "kept_up": kept_up,
+        "expected": expected,
+        "received": received,
+        "duplicates": duplicates,
+        "missing": missing,
+        "out_of_order": out_of_order,
+        "unexpected": {k: v for k, v in unexpected.items() if v},
+        "closed_codes": dict(closed_codes),
+        "still_open": still_open,
+        "latency_ms": quantiles(latencies),
+        "per_second_p99_ms": (
+            {
+                "min": round(seconds_p99[0], 2),
+                "median": round(statistics.median(seconds_p99), 2),
+                "max": round(seconds_p99[-1], 2),
+            }
+            if seconds_p99
+            else {}
+        ),
+        "eventbus_ms": quantiles(to_publish) if args.tap else None,
+        "gateway_ms": quantiles(publish_to_frame) if args.tap else None,
+        "cpu_percent": {name: round(seconds / elapsed * 100, 1) for name, seconds in cpu.items()},
+        # Of all the machine's CPUs: what everything used, and what processes not ours used.
+        "machine_busy_percent": round(busy / wall * 100, 1) if wall else None,
+        "others_percent": round((busy - ours) / wall * 100, 1) if wall else None,
+        "load_before": [round(x, 2) for x in load_before],
+        "load_after": [round(x, 2) for x in os.getloadavg()],
+        "profiles": profiles,
+    }
+
+
+def print_run(r: dict) -> None:
+    lat, pub = r["latency_ms"], r["publisher"]
+    tag = " (profiled, not counted)" if r["profiled"] else ""
+    print(
+        f"  run {r['run'] + 1}{tag}: p50 {lat['p50']} p90 {lat['p90']} p99 {lat['p99']} max {lat['max']} ms; "
+        f"frames {r['received']}/{r['expected']}, duplicates {r['duplicates']}, missing {r['missing']}; "
+        f"publisher {pub['rate']:.0f}/s, lag p99 {pub['lag_ms']['p99']:.2f} ms "
+        f"({'kept up' if r['kept_up'] else 'FELL BEHIND'}); load {r['load_after'][0]}",
+        flush=True,
+    )
+    if r["eventbus_ms"]:
+        print(
+            f"    split at the router's PUBLISH: eventbus p50 {r['eventbus_ms']['p50']} p99 {r['eventbus_ms']['p99']} ms"
+            f"; gateway p50 {r['gateway_ms']['p50']} p99 {r['gateway_ms']['p99']} ms; CPU % {r['cpu_percent']}, "
+            f"whole machine {r['machine_busy_percent']}% of {os.cpu_count()} CPUs",
+            flush=True,
+        )
+
+
+# --- the run ----------------------------------------------------------------------------------
+
+
+async def measure(ctx, args) -> dict:
+    results = {}
+    if args.sockets:
+        print(
+            f"1. sockets held: opening {args.sockets} over {args.jobs} jobs, "
+            f"{args.connect_concurrency} handshakes at a time",
+            flush=True,
+        )
+        results["sockets"] = await hold_sockets(ctx, args)
+    print(
+        f"2. publish -> frame: {args.latency_sockets} sockets on {args.latency_jobs} jobs, "
+        f"{args.rate} events/s for {args.duration:.0f} s, {args.runs} run(s)",
+        flush=True,
+    )
+    runs = []
+    for run in range(args.runs):
+        runs.append(await latency_run(ctx, args, run))
+        print_run(runs[-1])
+    results["latency"] = runs
+    missed = any(r["latency_ms"]["p99"] > TARGET_P99_MS for r in runs)
+    if args.profile == "always" or (args.profile == "auto" and missed):
+        print(
+            (
+                "   latency target missed: one more run with py-spy on daphne and the router"
+                if missed
+                else "   one more run with py-spy on daphne and the router"
+            ),
+            flush=True,
+        )
+        profiled = await latency_run(ctx, args, args.runs, profile=True)
+        print_run(profiled)
+        results["profiled"] = profiled
+    return results
+
+
+def verdicts(results: dict, args) -> list[tuple[str, str, str, str]]:
+    rows = []
+    s = results.get("sockets")
+    if s:
+        rows.append(
+            (
+                "open sockets held by one daphne process",
+                f"{s['held']:,} of {s['attempted']:,}",
+                f">= {TARGET_SOCKETS:,}",
+                "PASS" if s["held"] >= TARGET_SOCKETS else "MISS",
+            )
+        )
+        points = s["checkpoints"]
+        daphne = [p["redis"]["by_owner"].get("daphne", {"all": 0, "pubsub": 0}) for p in points]
+        rows.append(
+            (
+                "Redis pub/sub connections of daphne",
+                ", ".join(f"{d['pubsub']} at {p['sockets']:,}" for d, p in zip(daphne, points)) + " sockets",
+                "1 (one shared per process)",
+                "PASS" if all(d["pubsub"] == 1 for d in daphne) else "MISS",
+            )
+        )
+        series = ", ".join(f"{d['all']} at {p['sockets']:,}" for d, p in zip(daphne, points)) + " sockets"
+        if s.get("blip"):
+            series += f"; {s['blip']['peak_daphne']} in the resync after a Redis blip"
+        constant = daphne[-1]["all"] <= daphne[0]["all"] and (
+            not s.get("blip") or s["blip"]["peak_daphne"] <= 10
+        )
+        rows.append(
+            (
+                "Redis connections of daphne, all (pub/sub + history reads)",
+                series,
+                "O(1) in sockets",
+                "PASS" if constant else "MISS",
+            )
+        )
+    for r in results["latency"]:
+        lat = r["latency_ms"]
+        valid = r["kept_up"] and r["sockets"] == TARGET_LATENCY_SOCKETS and args.rate == TARGET_RATE
+        rows.append(
+            (
+                f"publish -> frame p99, run {r['run'] + 1} ({r['sockets']} sockets, "
+                f"{r['publisher']['rate']:.0f} ev/s)",
+                f"{lat['p99']} ms (p50 {lat['p50']}, max {lat['max']})",
+                f"<= {TARGET_P99_MS:g} ms",
+                ("PASS" if lat["p99"] <= TARGET_P99_MS else "MISS")
+                + ("" if valid else " (not on target: the publisher stalled)"),
+            )
+        )
+    lost = sum(r["missing"] for r in results["latency"])
+    dup = sum(r["duplicates"] for r in results["latency"])
+    received = sum(r["received"] for r in results["latency"])
+    expected = sum(r["expected"] for r in results["latency"])
+    rows.append(
+        (
+            "every frame exactly once (all runs)",
+            f"{received:,}/{expected:,}; duplicates {dup}, missing {lost}",
+            "0 duplicates, 0 missing",
+            "PASS" if not lost and not dup and received == expected else "MISS",
+        )
+    )
+    kept = all(r["kept_up"] for r in results["latency"])
+    rows.append(
+        (
+            "publisher kept the schedule (rate; lag behind it, p99)",
+            ", ".join(
+                f"{r['publisher']['rate']:.0f}/s, {r['publisher']['lag_ms']['p99']:.1f} ms"
+                for r in results["latency"]
+            ),
+            f"{args.rate}/s, lag p99 <= 5 ms",
+            (
+                "yes"
+                if kept
+                else "NO in run(s) "
+                + ", ".join(str(r["run"] + 1) for r in results["latency"] if not r["kept_up"])
+                + ": stalled by the machine, then caught up in a burst"
+            ),
+        )
+    )
+    return rows
+
+
+def render(results: dict, args, info: dict) -> str:
+    rows = verdicts(results, args)
+    out = [
+        f"Run of {info['when']}, command: `{info['command']}`",
+        "",
+        f"Machine: {info['nproc']} CPUs ({info['cpu']}), shared; Python {info['python']}, Django {info['django']}, "
+        f"daphne {info['daphne']}, channels {info['channels']}, redis-py {info['redis_py']}, websockets "
+        f"{info['websockets']}; Redis {info['redis']}; {info['database']}. Load average (1 min) "
+        f"{info['load_start']:.2f} at the start, {info['load_end']:.2f} at the end; duration "
+        f"{info['seconds']:.0f} s.",
+        "",
+        "| SPEC §9 target | measured | target | verdict |",
+        "|---|---|---|---|",
+    ]
+    out += [f"| {' | '.join(row)} |" for row in rows]
+    s = results.get("sockets")
+    if s:
+        out += [
+            "",
+            "### 1. Sockets held",
+            "",
+            f"{s['attempted']:,} sockets over {s['jobs']:,} jobs, {s['concurrency']} handshakes in flight; "
+            f"all opened in {s['connect_seconds']} s; handshake p50 {s['handshake_ms']['p50']} ms, "
+            f"p99 {s['handshake_ms']['p99']} ms, max {s['handshake_ms']['max']} ms; held {s['held']:,} after "
+            f"{s['held_after_seconds']:.0f} s more; failures: {s['failures'] or 'none'}; closed: "
+            f"{s['closed_codes'] or 'none'}.",
+            "",
+            "| sockets open | step time s | daphne RSS MiB (peak) | daphne fds | job channels "
+            "(subscribers each) | Redis connections: all / pubsub | of which daphne: all / pubsub | others |",
+            "|---:|---:|---:|---:|---:|---:|---:|---|",
+        ]
+        before = s["before"]
+        d = before["redis"]["by_owner"].get("daphne", {"all": 0, "pubsub": 0})
+        others = ", ".join(f"{k} {v['all']}" for k, v in before["redis"]["by_owner"].items() if k != "daphne")
+        out.append(
+            f"| 0 (idle) | | {before['rss']['VmRSS'] / 1024:.1f} ({before['rss']['VmHWM'] / 1024:.1f}) | | 0 | "
+            f"{before['redis']['total']} / {before['redis']['pubsub']} | {d['all']} / {d['pubsub']} | {others} |"
+        )
+        for p in s["checkpoints"]:
+            d = p["redis"]["by_owner"].get("daphne", {"all": 0, "pubsub": 0})
+            others = ", ".join(f"{k} {v['all']}" for k, v in p["redis"]["by_owner"].items() if k != "daphne")
+            out.append(
+                f"| {p['open']:,} | {p['seconds']} | {p['rss']['VmRSS'] / 1024:.1f} "
+                f"({p['rss']['VmHWM'] / 1024:.1f}) | {p['daphne_fds']:,} | {p['channels']:,} "
+                f"({p['max_subscribers_per_channel']}) | {p['redis']['total']} / {p['redis']['pubsub']} | "
+                f"{d['all']} / {d['pubsub']} | {others} |"
+            )
+        a = s["after_close"]
+        d = a["redis"]["by_owner"].get("daphne", {"all": 0, "pubsub": 0})
+        out.append(
+            f"| 0 (all closed) | | {a['rss']['VmRSS'] / 1024:.1f} ({a['rss']['VmHWM'] / 1024:.1f}) | | "
+            f"{a['channels']} | {a['redis']['total']} / {a['redis']['pubsub']} | {d['all']} / {d['pubsub']} | |"
+        )
+        held_rss = s["rss_held"]["VmRSS"] - before["rss"]["VmRSS"]
+        out += [
+            "",
+            f"daphne RSS {before['rss']['VmRSS'] / 1024:.1f} MiB idle -> {s['rss_held']['VmRSS'] / 1024:.1f} MiB "
+            f"with {s['held']:,} sockets: {held_rss / max(s['held'], 1):.1f} KiB per socket. Channels "
+            f"unsubscribed {a['unsubscribed_in']} s after the last close.",
+        ]
+        f = s["fanout"]
+        out += [
+            "",
+            f"Fan-out with the {s['held']:,} sockets held: one event published to each of the "
+            f"{s['jobs']:,} jobs in one `publish_events` call reached {f['received']:,} of {f['sockets']:,} "
+            f"sockets; frame after publish p50 {f['ms']['p50']} ms, p99 {f['ms']['p99']} ms, max "
+            f"{f['ms']['max']} ms.",
+        ]
+        if s.get("blip"):
+            b = s["blip"]
+            out += [
+                "",
+                f"Redis blip with the {s['held']:,} sockets held (`CLIENT KILL TYPE pubsub`: the hub's "
+                f"connection, {b['killed']} killed): every job channel subscribed again in "
+                f"{b['resubscribed_in']} s; daphne's Redis connections {b['daphne_before']} before, peak "
+                f"{b['peak_daphne']}, {b['daphne_after']} after (each socket resyncs: one backfill each); "
+                f"sockets still open {b['still_open']:,}; daphne RSS {b['rss']['VmRSS'] / 1024:.1f} MiB. "
+                f"An event published to every job right after the kill reached {b['probe']['received']:,} "
+                f"of {b['probe']['sockets']:,} sockets: p50 {b['probe']['ms']['p50']} ms, p99 "
+                f"{b['probe']['ms']['p99']} ms, max {b['probe']['ms']['max']} ms after publish.",
+            ]
+    out += [
+        "",
+        "### 2. Publish -> frame latency",
+        "",
+        f"{args.latency_sockets} sockets on {args.latency_jobs} jobs (fresh per run), {args.rate} events/s for "
+        f"{args.duration:.0f} s by `publish_event` in a process of its own, round robin over the jobs; the first "
+        f"{args.warmup:.0f} s are warm-up (checked for exactly-once, left out of the percentiles). ms, "
+        f"receive time (client) - publish time (`time.time_ns()` in the event's data).",
+        "",
+        "| run | p50 | p90 | p99 | p99.9 | max | p99 of the worst second | frames received / expected | dup | "
+        "missing | publisher rate, lag p99 / max ms | eventbus p50 / p99 | gateway p50 / p99 | "
+        "CPU %: daphne, router, redis, clients, publisher | machine busy %, others % | load 1 min |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|---|---|---|",
+    ]
+    every = results["latency"] + ([results["profiled"]] if results.get("profiled") else [])
+    for r in every:
+        lat, pub, cpu = r["latency_ms"], r["publisher"], r["cpu_percent"]
+        eb = f"{r['eventbus_ms']['p50']} / {r['eventbus_ms']['p99']}" if r["eventbus_ms"] else "-"
+        gw = f"{r['gateway_ms']['p50']} / {r['gateway_ms']['p99']}" if r["gateway_ms"] else "-"
+        name = f"{r['run'] + 1}" + (" (py-spy, not counted)" if r["profiled"] else "")
+        out.append(
+            f"| {name} | {lat['p50']} | {lat['p90']} | {lat['p99']} | {lat['p99.9']} | {lat['max']} | "
+            f"{r['per_second_p99_ms'].get('max', '-')} | {r['received']:,} / {r['expected']:,} | {r['duplicates']} | "
+            f"{r['missing']} | {pub['rate']:.0f}/s, {pub['lag_ms']['p99']:.2f} / {pub['lag_ms']['max']:.1f} | {eb} | {gw} | "
+            f"{cpu['daphne']}, {cpu['router']}, {cpu['redis']}, {cpu['bench (clients)']}, {cpu['publisher']} | "
+            f"{r['machine_busy_percent']}, {r['others_percent']} | {r['load_before'][0]} -> {r['load_after'][0]} |"
+        )
+    problems = [r for r in every if r["unexpected"] or r["closed_codes"] or r["out_of_order"]]
+    for r in problems:
+        out.append(
+            f"\nRun {r['run'] + 1}: unexpected frames {r['unexpected']}, closes {r['closed_codes']}, "
+            f"out of order {r['out_of_order']}."
+        )
+    profiled = results.get("profiled")
+    if profiled and profiled["profiles"]:
+        out += ["", "### py-spy (the profiled run)", ""]
+        for name, prof in profiled["profiles"].items():
+            if "error" in prof:
+                out.append(f"{name}: {prof['error']}")
+                continue
+            out += [
+                f"**{name}**: {prof['samples']} working samples ({prof['waiting_samples']} more waiting in "
+                f"select or on a Redis reply) at {Profiler.RATE} Hz over {args.duration + 4:.0f} s; shares "
+                f"of the working samples.",
+                "",
+                "| self | frame |  | inclusive | frame |",
+                "|---:|---|---|---:|---|",
+            ]
+            inclusive = [f for f in prof["inclusive"] if f[1] < 0.999][:15]
+            for i in range(max(len(prof["self"]), len(inclusive))):
+                a = prof["self"][i] if i < len(prof["self"]) else ("", None)
+                b = inclusive[i] if i < len(inclusive) else ("", None)
+                out.append(
+                    f"| {'' if a[1] is None else f'{a[1]:.1%}'} | `{a[0]}` | | "
+                    f"{'' if b[1] is None else f'{b[1]:.1%}'} | `{b[0]}` |"
+                )
+            out.append("")
+    return "\n".join(out)
+
+
+def write_report(text: str) -> None:
+    block = f"{BEGIN}\n{text}\n{END}"
+    if REPORT.exists() and BEGIN in (current := REPORT.read_text()) and END in current:
+        head, rest = current.split(BEGIN, 1)
+        REPORT.write_text(head + block + rest.split(END, 1)[1])
+    else:
+        REPORT.write_text(f"# Gateway benchmark (SPEC §9)\n\n## Results\n\n{block}\n")
+
+
+def raise_fd_limit(needed: int) -> int:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < needed:
+        target = needed if hard == resource.RLIM_INFINITY else min(max(needed, soft), hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--sockets", type=int, default=TARGET_SOCKETS, help="sockets to hold (0: skip)")
+    parser.add_argument("--jobs", type=int, default=1000, help="jobs the held sockets spread over")
+    parser.add_argument("--connect-concurrency", type=int, default=50, help="handshakes in flight")
+    parser.add_argument("--hold", type=float, default=5.0, help="seconds to hold the sockets before counting")
+    parser.add_argument("--latency-sockets", type=int, default=TARGET_LATENCY_SOCKETS)
+    parser.add_argument("--latency-jobs", type=int, default=TARGET_LATENCY_SOCKETS)
+    parser.add_argument("--rate", type=int, default=TARGET_RATE, help="events/s published")
+    parser.add_argument("--duration", type=float, default=20.0, help="seconds of publishing per run")
+    parser.add_argument("--warmup", type=float, default=2.0, help="seconds left out of the percentiles")
+    parser.add_argument(
+        "--drain", type=float, default=5.0, help="seconds without a new frame before giving up"
+    )
+    parser.add_argument("--runs", type=int, default=3, help="latency runs")
+    parser.add_argument(
+        "--no-blip",
+        dest="blip",
+        action="store_false",
+        help="no CLIENT KILL of the hub's pub/sub connection while the sockets are held",
+    )
+    parser.add_argument(
+        "--no-tap",
+        dest="tap",
+        action="store_false",
+        help="no pattern subscription timing the router's PUBLISH",
+    )
+    parser.add_argument(
+        "--profile",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="one more run under py-spy: when the latency target is missed (auto)",
+    )
+    parser.add_argument("--no-report", action="store_true")
+    parser.add_argument("--publisher", help=argparse.SUPPRESS)  # internal: the publisher process
+    args = parser.parse_args()
+    if args.publisher:
+        return publisher_main(args)
+
+    started, load_start = time.time(), os.getloadavg()[0]
+    limit = raise_fd_limit(args.sockets + 1024)  # daphne inherits it
+    if limit < args.sockets + 256:
+        print(f"RLIMIT_NOFILE is {limit}: holding at most {limit - 256} sockets", file=sys.stderr)
+        args.sockets = max(0, limit - 256)
+    log_dir = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
+    redis_server = database = None
+    children: list[Child] = []
+    ctx = {"publishers": [], "log_dir": log_dir}
+
+    def on_sigterm(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        redis_server = RedisServer().start()
+        database = Database()
+        database.create()
+        env = bench_env(redis_server.url, database.url)
+        os.environ.update(env)
+        setup_django()
+        from django.core.management import call_command
+
+        call_command("migrate", verbosity=0, interactive=False)
+        session_key, jobs = create_fixtures(args.jobs + args.latency_jobs * (args.runs + 1))
+        from django.db import connections
+
+        connections.close_all()
+
+        import redis
+
+        client = redis.Redis.from_url(redis_server.url, client_name="bench")
+        port = free_port()
+        daphne = Child(
+            "daphne",
+            [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"],
+            env,
+            log_dir,
+        ).start()
+        children.append(daphne)
+        router = Child("router", [sys.executable, "manage.py", "run_router"], env, log_dir).start()
+        children.append(router)
+        wait_port(daphne, port)
+        wait_router(router, client)
+        print(
+            f"daphne pid {daphne.pid} on :{port}, router pid {router.pid}, Redis :{redis_server.port}, "
+            f"{database.version}; logs in {log_dir}; RLIMIT_NOFILE {limit}",
+            flush=True,
+        )
+
+        def owners() -> dict[str, int]:
+            found = {"daphne": daphne.pid, "router": router.pid, "bench": os.getpid()}
+            found.update({"publisher": p.pid for p in ctx["publishers"] if p.poll() is None})
+            return found
+
+        ctx.update(
+            client=client,
+            target=Target(port, session_key),
+            jobs=jobs,
+            daphne=daphne,
+            router=router,
+            owners=owners,
+            env=env,
+            redis_url=redis_server.url,
+            redis_pid=redis_server.process.pid,
+        )
+        results = asyncio.run(measure(ctx, args))
+        for child in children:
+            if not child.alive():
+                raise RuntimeError(f"{child.name} exited during the bench:\n{child.log()}")
+        daphne_log = daphne.log(10**8).splitlines()
+        errors = [line for line in daphne_log if "Traceback" in line or " ERROR " in line]
+        results["daphne_errors"] = errors[:20]
+        # Backfills refused by the hub's connection pool (redis-py's MaxConnectionsError is a
+        # ConnectionError: the consumer logs it and retries).
+        results["daphne_warnings"] = {
+            "history unreadable (backfill retried)": sum("history unreadable" in line for line in daphne_log),
+            "of which Too many connections": sum(
+                "history unreadable" in line and "Too many connections" in line for line in daphne_log
+            ),
+            "hub reconnected": sum("gateway hub reconnected" in line for line in daphne_log),
+            "fell behind (4008)": sum("fell" in line and "behind" in line for line in daphne_log),
+        }
+        example = next((line for line in daphne_log if "history unreadable" in line), None)
+        if example:
+            results["daphne_warnings"]["example"] = example[:300]
+        redis_version = client.info("server")["redis_version"]
+    finally:
+        for publisher in ctx["publishers"]:
+            if publisher.poll() is None:
+                os.killpg(publisher.pid, signal.SIGKILL)
+                publisher.wait()
+        for child in reversed(children):
+            child.stop()
+        if redis_server:
+            redis_server.stop()
+        if database:
+            database.drop()
+
+    import channels
+    import daphne as daphne_pkg
+    import django
+    import redis as redis_py
+    import websockets
+
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        "",
+    )
+    info = {
+        "when": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": " ".join([".venv/bin/python", "bench/gateway.py", *sys.argv[1:]]),
+        "nproc": os.cpu_count(),
+        "cpu": cpu,
+        "python": platform.python_version(),
+        "django": django.get_version(),
+        "daphne": daphne_pkg.__version__,
+        "channels": channels.__version__,
+        "redis_py": redis_py.__version__,
+        "websockets": websockets.__version__,
+        "redis": redis_version,
+        "database": database.version,
+        "load_start": load_start,
+        "load_end": os.getloadavg()[0],
+        "seconds": time.time() - started,
+    }
+    text = render(results, args, info)
+    text += f"\n\ndaphne's log, whole run: {results['daphne_warnings']}"
+    if results["daphne_errors"]:
+        text += "\n\ndaphne logged errors:\n\n```\n" + "\n".join(results["daphne_errors"]) + "\n```"
+    print()
+    print(text)
+    RESULTS_DIR.mkdir(exist_ok=True)
+    raw = RESULTS_DIR / f"gateway-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}.json"
+    raw.write_text(json.dumps({"info": info, "args": vars(args), "results": results}, indent=1, default=str))
+    if not args.no_report:
+        write_report(text)
+        print(f"\nwritten to {REPORT} (raw figures: {raw})")
+    failed = results.get("sockets", {}).get("failures")
+    if results["daphne_errors"] or failed:
+        print(f"daphne logged errors or handshakes failed: the logs are kept in {log_dir}")
+    else:
+        shutil.rmtree(log_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
