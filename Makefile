@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.bench-installed
 
-.PHONY: run test setup browser bench clean
+.PHONY: run test setup browser bench bench-gateway chaos clean
 
 $(STAMP): requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,15 @@ $(BENCH_STAMP): $(STAMP) bench/requirements.txt
 
 bench: $(BENCH_STAMP)
 	$(PY) bench/idempotency.py $(BENCH_ARGS)
+
+# The gateway's: sockets held by one daphne, publish -> frame latency (bench/REPORT-gateway.md).
+bench-gateway: $(BENCH_STAMP)
+	$(PY) bench/gateway.py $(BENCH_GATEWAY_ARGS)
+
+# The long exactly-once run under faults (tests/e2e/harness.py; the short one is in `make test`):
+# make chaos CHAOS_ARGS="--jobs 200 --clients 20 --duration 600"
+chaos: setup
+	$(PY) -m tests.e2e.chaos $(CHAOS_ARGS)
 
 clean:
 	rm -rf $(VENV) .run db.sqlite3

@@ -703,12 +703,9 @@ def summarise_profile(path: Path, possible: float) -> dict:
 
 
 async def latency_run(ctx, args, run: int, profile: bool = False) -> dict:
-    from eventbus.keys import JobKeys
-
     client, target, daphne, router = ctx["client"], ctx["target"], ctx["daphne"], ctx["router"]
     first = args.jobs + run * args.latency_jobs  # fresh jobs: no history to backfill
     jobs = ctx["jobs"][first : first + args.latency_jobs]
-    channels = {JobKeys(DOMAIN, job).channel: job for job in jobs}
 
     sockets, _, failures = await open_sockets(target, jobs, args.latency_sockets, args.connect_concurrency)
     if failures or len(sockets) != args.latency_sockets:

@@ -111,3 +111,75 @@ def env_or_private(data_dir: Path) -> tuple[str, RedisServer | None]:
         return url, None
     server = RedisServer(data_dir=data_dir).start()
     return server.url, server
+
+
+CLUSTER_ARGS = ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000")
+CLUSTER_SLOTS = 16384
+
+
+def cluster_port(rng=None) -> int:
+    """A free port whose cluster bus port (+10000) is free too."""
+    import random
+
+    rng = rng or random
+    for _ in range(200):
+        port = rng.randint(20000, 55535)
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 10000))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no free port pair for a cluster node")
+
+
+class RedisClusterServers:
+    """A private Redis Cluster of `masters` nodes without replicas: what `redis-cli --cluster
+    create --cluster-replicas 0` builds, done through redis-py so that no redis-cli is needed."""
+
+    def __init__(self, masters: int = 3, *, rng=None):
+        self.masters = masters
+        self.rng = rng
+        self.nodes: list[RedisServer] = []
+
+    @property
+    def url(self) -> str:
+        """Any node's URL names the cluster."""
+        return self.nodes[0].url
+
+    def start(self, timeout: float = 30) -> "RedisClusterServers":
+        try:
+            for _ in range(self.masters):
+                self.nodes.append(RedisServer(port=cluster_port(self.rng), args=CLUSTER_ARGS).start())
+            self._create(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _create(self, timeout: float) -> None:
+        clients = [redis.Redis(port=node.port) for node in self.nodes]
+        try:
+            step = CLUSTER_SLOTS // len(clients)
+            for i, client in enumerate(clients):
+                end = CLUSTER_SLOTS if i == len(clients) - 1 else (i + 1) * step
+                client.execute_command("CLUSTER ADDSLOTS", *range(i * step, end))
+            for client in clients[1:]:
+                client.execute_command("CLUSTER MEET", "127.0.0.1", self.nodes[0].port)
+            deadline = time.monotonic() + timeout
+            while not all(
+                client.cluster("info").get("cluster_state") == "ok" and len(client.cluster("nodes")) == len(clients)
+                for client in clients
+            ):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("Redis Cluster did not reach cluster_state:ok")
+                time.sleep(0.05)
+        finally:
+            for client in clients:
+                client.close()
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+        self.nodes = []

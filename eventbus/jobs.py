@@ -142,7 +142,10 @@ def _run_pipeline(operation: Operation, pipeline: Pipeline, lease: RunLease) -> 
     for event in pipeline.events():
         if _past_deadline(operation):
             return _conclude(operation, State.TIMED_OUT)
-        publish_event(operation.domain, job_id, event.stage, event.seq, event.data)
+        if not publish_event(operation.domain, job_id, event.stage, event.seq, event.data):
+            # An earlier run of this job published it (a re-run after a crash): L1 dropped the copy.
+            logger.info("Job %s: %s seq %d was published before; duplicate dropped (L1)", job_id, event.stage,
+                        event.seq)
         lease.renew()
     # The pipeline's last event was the final one; only the database is left to tell.
     return _record_end(operation, State.COMPLETED)

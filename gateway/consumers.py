@@ -26,6 +26,11 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from eventbus.keys import JobKeys
 
+try:  # daphne's WebSocket stack: sending to a client whose connection just dropped
+    from autobahn.exception import Disconnected as ClientGone
+except ImportError:  # another ASGI server
+    ClientGone = ()
+
 from .conf import gateway_settings
 from .hub import get_hub
 from .selectors import visible_operations
@@ -152,6 +157,10 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
                 await self._send_event(item, event["seq"])
         except asyncio.CancelledError:
             raise
+        except ClientGone:
+            # The client went away while we sent (its disconnect is on its way to us): nothing
+            # failed, and there is no socket left to close.
+            logger.info("job socket %s: the client left mid-send", self.job_keys.job_id)
         except Exception:
             logger.exception("job socket %s failed; closing 1011 (the client resumes with last_seq)",
                              self.job_keys.job_id)

@@ -54,14 +54,16 @@ class Process:
         self.process: subprocess.Popen | None = None
 
     def start(self, timeout: float = 30) -> "Process":
+        """Start (or start again: the log goes on, so it waits for one more ready line)."""
+        seen = self.log().count(self.ready_text) if self.ready_text else 0
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 self.command, cwd=BASE_DIR, env=process_env(**self.env), stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
         if self.ready_text:
-            wait_for(lambda: self.process.poll() is not None or self.ready_text in self.log(), timeout=timeout,
-                     message=f"{self.name} to start")
+            wait_for(lambda: self.process.poll() is not None or self.log().count(self.ready_text) > seen,
+                     timeout=timeout, message=f"{self.name} to start")
             assert self.process.poll() is None, f"{self.name} exited:\n{self.log()}"
         return self
 
@@ -175,20 +177,7 @@ def alive(process: Process) -> bool:
 
 
 def restart(process: Process, timeout: float = 30) -> Process:
-    """Start a process again after it exited or was killed; its log file goes on, so this waits
-    for one more ready line than the log already holds."""
+    """Start a process again after it exited or was killed."""
     if alive(process):
         raise RuntimeError(f"{process.name} is still running")
-    ready_text = process.ready_text
-    if not ready_text:
-        return process.start(timeout=timeout)
-    seen = process.log().count(ready_text)
-    process.ready_text = None  # start() would find the old ready line at once
-    try:
-        process.start(timeout=timeout)
-    finally:
-        del process.ready_text  # the class's again
-    wait_for(lambda: process.process.poll() is not None or process.log().count(ready_text) > seen,
-             timeout=timeout, interval=0.05, message=f"{process.name} to start again")
-    assert process.process.poll() is None, f"{process.name} exited:\n{process.log()[-4000:]}"
-    return process
+    return process.start(timeout=timeout)

@@ -1,6 +1,9 @@
 """Settings shared by every environment; dev.py, test.py and production.py refine them.
 
-Environment: REDIS_URL (default redis://127.0.0.1:6379/0), DATABASE_URL (default SQLite).
+Environment: REDIS_URL (default redis://127.0.0.1:6379/0), DATABASE_URL (default SQLite);
+CELERY_BROKER_URL and CACHE_URL (default REDIS_URL: set them when the event bus is on a Redis
+Cluster, which neither Celery's broker nor the cache can use); EVENTBUS_CLUSTER=1 puts the event
+bus on the cluster REDIS_URL names (EVENTBUS["CLUSTER"]).
 """
 import os
 from pathlib import Path
@@ -75,11 +78,12 @@ DATABASES = {"default": database_from_env(BASE_DIR / "db.sqlite3")}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+CACHE_URL = os.environ.get("CACHE_URL") or REDIS_URL
 
 CACHES = {
     "default": {
         "BACKEND": "django_redis.cache.RedisCache",
-        "LOCATION": REDIS_URL,
+        "LOCATION": CACHE_URL,
         "KEY_PREFIX": "cache",
         "OPTIONS": {"CLIENT_CLASS": "django_redis.client.DefaultClient"},
     }
@@ -120,7 +124,12 @@ IDEMPOTENCY = {
     "CACHE_ALIAS": "default",
 }
 
-CELERY_BROKER_URL = REDIS_URL
+# The event bus: see eventbus.conf for every key. test.py adds its own keys to this dict.
+EVENTBUS = {}
+if os.environ.get("EVENTBUS_CLUSTER", "").lower() in ("1", "true", "yes"):
+    EVENTBUS["CLUSTER"] = True
+
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL") or REDIS_URL
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1

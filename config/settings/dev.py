@@ -1,9 +1,10 @@
 """Local development: DEBUG on, a fixed insecure key, any local host."""
 from .base import *  # noqa: F401,F403
+from .base import EVENTBUS
 
 DEBUG = True
 SECRET_KEY = "django-insecure-development-only-never-use-in-production"
 ALLOWED_HOSTS = ["127.0.0.1", "localhost", "[::1]"]
 SERVE_STATIC = True  # config.asgi serves /static/ itself
 # Stages long enough to watch a job move on the page.
-EVENTBUS = {"STAGE_SECONDS": 1.0}
+EVENTBUS = {**EVENTBUS, "STAGE_SECONDS": 1.0}

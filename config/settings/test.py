@@ -2,7 +2,7 @@
 import os
 
 from .base import *  # noqa: F401,F403
-from .base import DATABASES, RUN_DIR
+from .base import DATABASES, EVENTBUS, RUN_DIR
 
 SECRET_KEY = "test-only-key-not-a-secret"
 ALLOWED_HOSTS = ["testserver", "127.0.0.1", "localhost"]
@@ -21,5 +21,5 @@ else:
 # resolved name, since the name above is per process. Likewise their job stage time.
 if os.environ.get("TEST_DATABASE_NAME"):
     DATABASES["default"]["NAME"] = os.environ["TEST_DATABASE_NAME"]
-EVENTBUS = {"STAGE_SECONDS": float(os.environ.get("EVENTBUS_STAGE_SECONDS", 0))}
+EVENTBUS = {**EVENTBUS, "STAGE_SECONDS": float(os.environ.get("EVENTBUS_STAGE_SECONDS", 0))}
 SERVE_STATIC = True  # config.asgi serves /static/ itself

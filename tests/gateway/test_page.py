@@ -6,7 +6,7 @@ import shutil
 import pytest
 
 from config.redis_server import free_port
-from tests.processes import Daphne, Manage, Worker, wait_for
+from tests.processes import Daphne, Manage, Worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"

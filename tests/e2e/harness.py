@@ -1,0 +1,1169 @@
+"""A Jepsen-style harness: the whole stack as real processes, a workload of retried POSTs and
+reconnecting WebSocket watchers, faults injected at random, and a checker that proves (or
+refutes) exactly-once from the HTTP request to the browser.
+
+    result = run_chaos(ChaosConfig(jobs=200, clients=20, duration=300))
+    print(result.report)      # the checker's figures and every failure it found
+    assert result.ok
+
+Stack: a private Redis (or a 3-master Redis Cluster for the event bus plus a plain private Redis
+for Celery's broker and the cache), daphne, 2 Celery workers, 2 routers, 1 reclaimer with a short
+--min-idle-ms, the sweeper; all against the database Django is configured with in this process
+(the test database under pytest, a private one under `python -m tests.e2e.chaos`).
+
+Workload: `clients` users, each with a DRF token (HTTP) and a session from /accounts/login/
+(WebSocket). Each job is POSTed 1-3 times with one Idempotency-Key, the copies either at the
+same moment or one after the other; a 409 (in flight) is retried until it resolves. Each job is
+watched by 1-3 WebSocket clients that disconnect at random (clean close or a dropped TCP
+connection) and resume with ?last_seq= of the last event they got.
+
+Faults: a router SIGKILLed every few seconds and restarted (alternately under its old consumer
+name, whose pending entries it recovers itself, and a new one, whose entries the reclaimer
+claims); a Celery worker SIGKILLed (whole process group) mid-job and restarted; a worker's
+prefork pool processes SIGKILLed mid-job (WorkerLostError: the task is requeued); CLIENT KILL
+TYPE normal, then TYPE pubsub, on every Redis server.
+
+Checker (see `Checker`): one Operation and one completion per key, identical responses to
+retries, each (job, stage, seq) once in the streams, state = final event, history complete,
+nothing pending, no dead letter, each watcher saw the job's full seq list in order with no
+duplicate, gap or reset; plus the counts of what each layer dropped and what was killed.
+"""
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import logging
+import os
+import random
+import re
+import signal
+import threading
+import time
+import urllib.parse
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from http.cookies import SimpleCookie
+
+import redis
+
+from config.redis_server import RedisClusterServers, RedisServer, free_port
+from tests.processes import Daphne, Manage, Process, Worker, alive, child_pids, restart, wait_for
+
+log = logging.getLogger("chaos")
+
+FINAL_SEQ = 51
+UUID_RE = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+
+
+# Configuration ------------------------------------------------------------------------------
+
+@dataclass
+class ChaosConfig:
+    jobs: int = 200
+    clients: int = 20
+    duration: float = 300.0  # seconds over which the jobs are posted; the faults run as long
+    seed: int | None = None
+    cluster: bool = False
+    stage_seconds: float = 0.4  # simulated work per stage: a scan job runs ~1.6 s
+    max_copies: int = 3  # each POST is sent 1..max_copies times with the same key
+    max_watchers: int = 3  # each job is watched by 1..max_watchers WebSocket clients
+    router_kill_every: tuple[float, float] = (3.0, 6.0)
+    worker_kills: int = 2  # a whole worker SIGKILLed mid-job, then restarted
+    pool_kills: int = 1  # a worker's pool processes SIGKILLed mid-job
+    worker_concurrency: int = 2
+    min_idle_ms: int = 1000  # the reclaimer's --min-idle-ms
+    reclaim_interval: float = 0.5
+    visibility_timeout: int = 12  # Celery's: a killed worker's task is delivered again after it
+    settle_timeout: float = 120.0  # after the last POST: time left for everything to finish
+    progress: bool = True  # log progress lines (logger "chaos")
+
+    @classmethod
+    def short(cls, **overrides) -> "ChaosConfig":
+        """The run `make test` makes: every fault kind at least once, in well under 3 minutes."""
+        values = dict(jobs=48, clients=8, duration=30.0, worker_kills=1, pool_kills=1, settle_timeout=75.0,
+                      router_kill_every=(2.5, 4.5))
+        values.update(overrides)
+        return cls(**values)
+
+
+# Redis ---------------------------------------------------------------------------------------
+
+class Topology:
+    """The run's private Redis servers. Plain: one server for everything. Cluster: a 3-master
+    cluster for the event bus, and a plain server for Celery's broker and the cache."""
+
+    def __init__(self, *, cluster: bool, rng: random.Random):
+        self.cluster = cluster
+        self.rng = rng
+        self.cluster_servers = RedisClusterServers(3, rng=rng)
+        self.plain: RedisServer | None = None
+
+    def start(self) -> "Topology":
+        try:
+            self.plain = RedisServer().start()
+            if self.cluster:
+                self.cluster_servers.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    @property
+    def nodes(self) -> list[RedisServer]:
+        return self.cluster_servers.nodes
+
+    def stop(self) -> None:
+        self.cluster_servers.stop()
+        if self.plain is not None:
+            self.plain.stop()
+
+    @property
+    def servers(self) -> list[RedisServer]:
+        return [*self.nodes, self.plain]
+
+    @property
+    def bus_url(self) -> str:
+        return self.nodes[0].url if self.cluster else self.plain.url
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {
+            "REDIS_URL": self.bus_url,
+            "CELERY_BROKER_URL": self.plain.url,
+            "CACHE_URL": self.plain.url,
+            "EVENTBUS_CLUSTER": "1" if self.cluster else "",
+        }
+
+    def bus(self):
+        if self.cluster:
+            from redis.cluster import RedisCluster
+
+            return RedisCluster.from_url(self.bus_url, decode_responses=True)
+        return redis.Redis.from_url(self.bus_url, decode_responses=True)
+
+    def client_kill(self, kind: str) -> int:
+        """CLIENT KILL TYPE <kind> on every server; how many connections were killed."""
+        killed = 0
+        for server in self.servers:
+            with redis.Redis(port=server.port, socket_timeout=5) as client:
+                killed += int(client.client_kill_filter(_type=kind, skipme=True))
+        return killed
+
+
+# Processes -----------------------------------------------------------------------------------
+
+class Stack:
+    """daphne, 2 Celery workers, 2 routers, the reclaimer and the sweeper, as real processes."""
+
+    def __init__(self, topology: Topology, config: ChaosConfig):
+        self.config = config
+        self.env = {
+            **topology.env,
+            "EVENTBUS_STAGE_SECONDS": str(config.stage_seconds),
+            "CELERY_VISIBILITY_TIMEOUT": str(config.visibility_timeout),
+            "LOG_LEVEL": "INFO",
+        }
+        self.port = free_port()
+        self.web = Daphne(self.port, **self.env)
+        self.workers = [
+            Worker(f"chaos-w{i}", concurrency=config.worker_concurrency, **self.env) for i in (1, 2)
+        ]
+        self.worker_log_start = {worker.name: 0 for worker in self.workers}  # log offset of the live run
+        self.routers: list[Manage] = []  # the live incarnation of each router slot
+        self.all_routers: list[Manage] = []  # every incarnation, for their logs
+        self.metrics_ports: dict[int, int] = {}  # id(process) -> its --metrics-port
+        self.consumer_names: dict[int, str] = {}
+        self.reclaimer = self._managed(
+            "run_reclaimer", "--min-idle-ms", str(config.min_idle_ms), "--interval", str(config.reclaim_interval),
+        )
+        self.sweeper = Manage("sweep_operations", "--interval", "2", "--older-than", "5", **self.env)
+        self._incarnations = 0
+
+    def _managed(self, *args: str) -> Manage:
+        port = free_port()
+        process = Manage(*args, "--metrics-port", str(port), **self.env)
+        self.metrics_ports[id(process)] = port
+        return process
+
+    def _new_router(self, consumer: str) -> Manage:
+        router = self._managed("run_router", "--consumer", consumer, "--block-ms", "200")
+        self.consumer_names[id(router)] = consumer
+        self.all_routers.append(router)
+        return router
+
+    @property
+    def live(self) -> list[Process]:
+        """The processes that should be running now (the current incarnation of each)."""
+        return [self.web, *self.workers, *self.routers, self.reclaimer, self.sweeper]
+
+    @property
+    def metered(self) -> list[Process]:
+        return [self.reclaimer, *self.all_routers]
+
+    def start(self) -> None:
+        self.routers = [self._new_router(f"chaos-router-{slot}") for slot in (0, 1)]
+        for process in (*self.routers, self.reclaimer, self.sweeper):
+            process.start()
+        # The workers and daphne take seconds each to import everything: in parallel.
+        errors: list[BaseException] = []
+
+        def start(process):
+            try:
+                process.start(timeout=60)
+            except BaseException as exc:  # noqa: BLE001 (reported below)
+                errors.append(exc)
+
+        threads = [threading.Thread(target=start, args=(p,)) for p in (*self.workers, self.web)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(90)
+        if errors:
+            raise errors[0]
+        for process in (*self.routers, self.reclaimer):
+            wait_for(lambda p=process: _http_ok(self.metrics_ports[id(p)]) or not alive(p), timeout=60,
+                     interval=0.1, message=f"{process.name} metrics port")
+            assert alive(process), f"{process.name} exited:\n{process.log()[-3000:]}"
+
+    def stop(self) -> None:
+        processes = [self.web, *self.workers, *self.routers, self.reclaimer, self.sweeper]
+        threads = [threading.Thread(target=p.stop) for p in processes]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(40)
+        for process in processes:  # whatever did not stop in time
+            process.kill() if alive(process) else None
+
+    # Faults (blocking: the injector runs them in threads) ------------------------------------
+
+    def kill_router(self, slot: int, *, same_name: bool, pause: float) -> str:
+        old = self.routers[slot]
+        old.kill()
+        time.sleep(pause)
+        if same_name:
+            consumer = self.consumer_names[id(old)]
+        else:
+            self._incarnations += 1
+            consumer = f"chaos-router-{slot}-{self._incarnations}"
+        new = self._new_router(consumer)
+        new.start()
+        self.routers[slot] = new
+        return consumer
+
+    def worker_log(self, worker: Worker) -> str:
+        return worker.log()[self.worker_log_start[worker.name]:]
+
+    def kill_worker(self, worker: Worker, pause: float) -> None:
+        worker.kill()
+        time.sleep(pause)
+        self.worker_log_start[worker.name] = len(worker.log())
+        restart(worker, timeout=60)
+
+    def kill_pool(self, worker: Worker) -> list[int]:
+        pids = child_pids(worker.pid)
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return pids
+
+
+def _http_ok(port: int) -> bool:
+    try:
+        status, _, _ = http_request(port, "GET", "/", timeout=1)
+        return status == 200
+    except OSError:
+        return False
+
+
+# HTTP ------------------------------------------------------------------------------------------
+
+def http_request(port: int, method: str, path: str, *, body: bytes | None = None, headers: dict | None = None,
+                 timeout: float = 30) -> tuple[int, list[tuple[str, str]], bytes]:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        connection.request(method, path, body=body, headers=headers or {})
+        response = connection.getresponse()
+        return response.status, response.getheaders(), response.read()
+    finally:
+        connection.close()
+
+
+def header(headers: list[tuple[str, str]], name: str) -> str | None:
+    for key, value in headers:
+        if key.lower() == name.lower():
+            return value
+    return None
+
+
+def cookies_of(headers: list[tuple[str, str]]) -> dict[str, str]:
+    jar = SimpleCookie()
+    for key, value in headers:
+        if key.lower() == "set-cookie":
+            jar.load(value)
+    return {name: morsel.value for name, morsel in jar.items()}
+
+
+def login(port: int, username: str, password: str) -> str:
+    """Log in through /accounts/login/ as a browser does; the session cookie's value."""
+    status, headers, body = http_request(port, "GET", "/accounts/login/")
+    assert status == 200, f"GET /accounts/login/: {status}"
+    csrf_cookie = cookies_of(headers)["csrftoken"]
+    match = re.search(rb'name="csrfmiddlewaretoken" value="([^"]+)"', body)
+    assert match, "no csrfmiddlewaretoken in the login page"
+    form = urllib.parse.urlencode({
+        "username": username, "password": password, "csrfmiddlewaretoken": match.group(1).decode(), "next": "/",
+    }).encode()
+    status, headers, _ = http_request(port, "POST", "/accounts/login/", body=form, headers={
+        "Content-Type": "application/x-www-form-urlencoded", "Cookie": f"csrftoken={csrf_cookie}",
+    })
+    assert status == 302, f"login of {username}: {status}"
+    return cookies_of(headers)["sessionid"]
+
+
+# Workload records --------------------------------------------------------------------------------
+
+@dataclass
+class User:
+    username: str
+    password: str
+    token: str
+    session: str = ""
+    pk: int = 0
+
+
+@dataclass
+class Answer:
+    """The resolved answer to one copy of a POST (after its 409s were retried)."""
+
+    status: int
+    body: bytes
+    replayed: bool
+    conflicts: int  # 409 in-flight answers retried before this one
+    transport_errors: int
+    sent_at: float
+    at: float
+
+
+@dataclass
+class Watch:
+    """One WebSocket client of a job, over all its connections."""
+
+    index: int
+    events: list[tuple[int, int, int]] = field(default_factory=list)  # (seq, prev_seq, connection #)
+    connections: int = 0
+    cuts_clean: int = 0
+    cuts_abort: int = 0
+    closes: list[int] = field(default_factory=list)  # close codes the server sent
+    connect_errors: list[str] = field(default_factory=list)
+    resets: list[dict] = field(default_factory=list)
+    errors: list[dict] = field(default_factory=list)
+    done: bool = False
+    started_late: bool = False  # connected only after the job had completed (a backfill only)
+
+    @property
+    def seqs(self) -> list[int]:
+        return [seq for seq, _, _ in self.events]
+
+
+@dataclass
+class Job:
+    index: int
+    user: User
+    key: str
+    domain: str
+    payload: dict
+    copies: int
+    concurrent: bool
+    expected: list[int]
+    answers: list[Answer] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)  # copies that never got an answer
+    job_id: str | None = None
+    watches: list[Watch] = field(default_factory=list)
+
+
+def expected_seqs(domain: str, payload: dict) -> list[int]:
+    from eventbus.pipelines import PIPELINES
+
+    pipeline = PIPELINES[domain](payload, stage_seconds=0)
+    return [event.seq for event in pipeline.events()]
+
+
+WORDS = "exactly once delivery stream router reclaim lease replay socket backfill history shard".split()
+
+
+# The run -------------------------------------------------------------------------------------------
+
+@dataclass
+class Result:
+    ok: bool
+    failures: list[str]
+    figures: dict
+    report: str
+
+
+class Run:
+    def __init__(self, config: ChaosConfig):
+        self.config = config
+        self.seed = config.seed if config.seed is not None else random.randrange(2**32)
+        self.rng = random.Random(self.seed)
+        self.topology = Topology(cluster=config.cluster, rng=self.rng)
+        self.stack: Stack | None = None
+        self.users: list[User] = []
+        self.jobs: list[Job] = []
+        self.faults: dict[str, list] = {
+            "router_kills": [], "worker_kills": [], "pool_kills": [], "client_kill_normal": [],
+            "client_kill_pubsub": [],
+        }
+        self.metrics: dict[int, dict] = {}  # id(process) -> last scraped samples
+        self.timings: dict[str, float] = {}
+        self.prefix = f"chaos{uuid.uuid4().hex[:6]}"
+
+    def say(self, message: str) -> None:
+        if self.config.progress:
+            log.warning("[chaos %5.1fs] %s", time.monotonic() - self.t0, message)
+
+    # Setup ------------------------------------------------------------------------------------------
+
+    def create_users(self) -> None:
+        from django.contrib.auth import get_user_model
+        from rest_framework.authtoken.models import Token
+
+        User_ = get_user_model()
+        for i in range(self.config.clients):
+            password = uuid.uuid4().hex
+            user = User_.objects.create_user(f"{self.prefix}-{i}", password=password)
+            token = Token.objects.create(user=user)
+            self.users.append(User(user.username, password, token.key, pk=user.pk))
+
+    def plan(self) -> None:
+        for index in range(self.config.jobs):
+            user = self.users[index % len(self.users)]
+            domain = self.rng.choice(("scan", "chat"))
+            if domain == "chat":
+                words = self.rng.randint(1, 30)
+                payload = {"prompt": " ".join(self.rng.choice(WORDS) for _ in range(words))}
+            else:
+                payload = {"image": f"img-{index}", "size": self.rng.randint(1, 4096)}
+            copies = self.rng.randint(1, self.config.max_copies)
+            job = Job(index, user, str(uuid.uuid4()), domain, payload, copies,
+                      concurrent=copies > 1 and self.rng.random() < 0.5, expected=expected_seqs(domain, payload))
+            job.watches = [Watch(i) for i in range(self.rng.randint(1, self.config.max_watchers))]
+            self.jobs.append(job)
+
+    # The workload -------------------------------------------------------------------------------------
+
+    async def post_copy(self, job: Job, delay: float) -> None:
+        await asyncio.sleep(delay)
+        body = json.dumps({"domain": job.domain, "payload": job.payload}).encode()
+        headers = {"Authorization": f"Token {job.user.token}", "Idempotency-Key": job.key,
+                   "Content-Type": "application/json"}
+        conflicts = transport_errors = 0
+        sent_at = time.monotonic()
+        deadline = sent_at + 60
+        while time.monotonic() < deadline:
+            try:
+                status, response_headers, data = await asyncio.to_thread(
+                    http_request, self.stack.port, "POST", "/api/jobs/", body=body, headers=headers)
+            except (OSError, http.client.HTTPException) as exc:
+                transport_errors += 1
+                self.say(f"POST {job.key}: {type(exc).__name__}: {exc}; sent again")
+                await asyncio.sleep(0.5)
+                continue
+            if status == 409:
+                conflicts += 1
+                if header(response_headers, "Retry-After") is None or "problem+json" not in (
+                        header(response_headers, "Content-Type") or ""):
+                    job.failures.append(f"got a 409 without Retry-After or not a problem: {response_headers}")
+                await asyncio.sleep(0.1 + self.rng.random() * 0.3)
+                continue
+            job.answers.append(Answer(status, data, header(response_headers, "Idempotent-Replayed") == "true",
+                                      conflicts, transport_errors, sent_at, time.monotonic()))
+            if status == 201 and job.job_id is None:
+                job.job_id = json.loads(data)["job_id"]
+            return
+        job.failures.append(f"no answer but 409/transport errors for 60 s ({conflicts} x 409, "
+                            f"{transport_errors} transport errors)")
+
+    async def run_job(self, job: Job) -> None:
+        if job.concurrent:
+            await asyncio.gather(*(self.post_copy(job, 0) for _ in range(job.copies)))
+        else:
+            for _ in range(job.copies):
+                await self.post_copy(job, self.rng.uniform(0, 1.5) if job.answers else 0)
+        if job.job_id is None:
+            return
+        for watch in job.watches:
+            # Most watchers open at once and see the job live; the others come later, some after
+            # the job ended (a backfill only).
+            delay = self.rng.uniform(0, 0.3) if self.rng.random() < 0.6 else self.rng.uniform(0.3, 4)
+            self.watchers.append(asyncio.create_task(self.watch(job, watch, delay)))
+
+    async def client(self, jobs: list[Job]) -> None:
+        # This client's jobs at random moments of the run's duration.
+        started = time.monotonic()
+        for at, job in zip(sorted(self.rng.uniform(0, self.config.duration) for _ in jobs), jobs):
+            await asyncio.sleep(max(0.0, started + at - time.monotonic()))
+            self.posts.append(asyncio.create_task(self.run_job(job)))
+
+    async def watch(self, job: Job, watch: Watch, delay: float) -> None:
+        from websockets.asyncio.client import connect
+        from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
+
+        await asyncio.sleep(delay)
+        rng = random.Random(self.rng.random())
+        cuts_left = rng.randint(0, 3)
+        last_seq = 0
+        uri = f"ws://127.0.0.1:{self.stack.port}/ws/jobs/{job.job_id}/"
+        headers = {"Cookie": f"sessionid={job.user.session}"}
+        origin = f"http://127.0.0.1:{self.stack.port}"
+        while not self.stop_watching.is_set():
+            cut_at = None
+            try:
+                async with connect(f"{uri}?last_seq={last_seq}", origin=origin, additional_headers=headers,
+                                   open_timeout=10, close_timeout=2, ping_interval=None, max_queue=None) as ws:
+                    watch.connections += 1
+                    connection = watch.connections
+                    if cuts_left and rng.random() < 0.8:
+                        cut_at = time.monotonic() + rng.uniform(0.02, 1.5)
+                    while not self.stop_watching.is_set():
+                        timeout = 1.0 if cut_at is None else max(0.0, min(1.0, cut_at - time.monotonic()))
+                        try:
+                            raw = await asyncio.wait_for(ws.recv(), timeout)
+                        except (asyncio.TimeoutError, TimeoutError):
+                            if cut_at is not None and time.monotonic() >= cut_at:
+                                cuts_left -= 1
+                                if rng.random() < 0.5:
+                                    watch.cuts_abort += 1
+                                    ws.transport.abort()  # the TCP connection drops: no close frame
+                                else:
+                                    watch.cuts_clean += 1
+                                    await ws.close()
+                                break
+                            continue
+                        frame = json.loads(raw)
+                        kind = frame.get("type")
+                        if kind == "event":
+                            watch.events.append((frame["seq"], frame.get("prev_seq", -1), connection))
+                            last_seq = max(last_seq, frame["seq"])
+                            if frame["seq"] == FINAL_SEQ:
+                                watch.done = True
+                                await ws.close()
+                                return
+                        elif kind == "reset":
+                            watch.resets.append(frame)
+                            last_seq = max(last_seq, int(frame.get("state", {}).get("seq", 0)))
+                        else:
+                            watch.errors.append(frame)
+            except ConnectionClosed as closed:
+                if closed.rcvd is not None:
+                    watch.closes.append(closed.rcvd.code)
+            except (OSError, InvalidHandshake, InvalidStatus, asyncio.TimeoutError, TimeoutError) as exc:
+                watch.connect_errors.append(f"{type(exc).__name__}: {exc}")
+            await asyncio.sleep(rng.uniform(0, 0.4))
+
+    # Faults ----------------------------------------------------------------------------------------
+
+    def mid_job(self, worker: Worker, bus) -> list[str]:
+        """Jobs this worker runs right now, between their first and their final event."""
+        text = self.stack.worker_log(worker)
+        running = set(re.findall(rf"Job ({UUID_RE}) running", text))
+        ended = set(re.findall(rf"Task eventbus\.run_job\[({UUID_RE})\] (?:succeeded|retry|raised)", text))
+        candidates = list(running - ended)
+        if not candidates:
+            return []
+        from eventbus.keys import JobKeys
+
+        domains = {job.job_id: job.domain for job in self.jobs if job.job_id}
+        found = []
+        for job_id in candidates:
+            if job_id not in domains:
+                continue
+            seq = int(bus.get(JobKeys(domains[job_id], job_id).last_published) or 0)
+            if 0 < seq < FINAL_SEQ:
+                found.append(job_id)
+        return found
+
+    async def kill_mid_job(self, kind: str) -> None:
+        """Wait (bounded) until a worker is mid-job, then SIGKILL it (or its pool) there."""
+        bus = self.topology.bus()
+        try:
+            deadline = time.monotonic() + max(20.0, self.config.duration)
+            while time.monotonic() < deadline and not self.stop_faults.is_set():
+                for worker in self.rng.sample(self.stack.workers, len(self.stack.workers)):
+                    if not alive(worker):
+                        continue
+                    try:
+                        busy = await asyncio.to_thread(self.mid_job, worker, bus)
+                    except redis.RedisError:
+                        busy = []
+                    if not busy:
+                        continue
+                    if kind == "worker_kills":
+                        self.say(f"SIGKILL worker {worker.name} mid-job ({len(busy)} job(s) in hand)")
+                        await asyncio.to_thread(self.stack.kill_worker, worker, self.rng.uniform(0.2, 1.0))
+                        self.faults[kind].append({"worker": worker.name, "jobs": busy})
+                    else:
+                        pids = await asyncio.to_thread(self.stack.kill_pool, worker)
+                        self.say(f"SIGKILL pool {pids} of {worker.name} mid-job ({len(busy)} job(s) in hand)")
+                        self.faults[kind].append({"worker": worker.name, "pids": pids, "jobs": busy})
+                    return
+                await asyncio.sleep(0.05)
+            self.say(f"{kind}: no worker was mid-job in time")
+        finally:
+            bus.close()
+
+    async def routers_chaos(self) -> None:
+        low, high = self.config.router_kill_every
+        same_name = False
+        while True:
+            try:
+                await asyncio.wait_for(self.stop_faults.wait(), self.rng.uniform(low, high))
+                return
+            except asyncio.TimeoutError:
+                pass
+            slot = self.rng.randrange(len(self.stack.routers))
+            same_name = not same_name
+            # Aim: kill it while it holds entries (read, not yet acked), for up to 1.5 s.
+            held = await asyncio.to_thread(self.wait_holding, slot, 1.5)
+            consumer = await asyncio.to_thread(self.stack.kill_router, slot, same_name=same_name,
+                                               pause=self.rng.uniform(0.1, 1.0))
+            self.faults["router_kills"].append({"slot": slot, "held": held, "restarted_as": consumer})
+            self.say(f"SIGKILL router {slot} holding {held} entries; restarted as {consumer}")
+
+    def wait_holding(self, slot: int, timeout: float) -> int:
+        """Poll the group until the router of `slot` has entries pending (read, unacked);
+        how many it had when the wait ended."""
+        from eventbus.conf import eventbus_settings
+
+        consumer = self.stack.consumer_names[id(self.stack.routers[slot])]
+        deadline = time.monotonic() + timeout
+        held = 0
+        while time.monotonic() < deadline:
+            try:
+                pipe = self.fault_bus.pipeline(transaction=False)
+                for stream in streams():
+                    pipe.xpending(stream.key, eventbus_settings.GROUP)
+                held = sum(
+                    int(row["pending"])
+                    for summary in pipe.execute(raise_on_error=False) if isinstance(summary, dict)
+                    for row in summary.get("consumers") or () if row["name"] == consumer
+                )
+            except redis.RedisError:
+                held = 0
+            if held:
+                return held
+            time.sleep(0.003)
+        return held
+
+    async def client_kill(self, kind: str, at: float) -> None:
+        await asyncio.sleep(at)
+        if kind == "pubsub":
+            # Aim at the gateway hub: only while it is subscribed to a job's channel is its
+            # connection of TYPE pubsub (the workers' broker pub/sub connections always are).
+            node = redis.Redis.from_url(self.topology.bus_url, socket_timeout=5)
+            try:
+                deadline = time.monotonic() + 20
+                while time.monotonic() < deadline and not any(
+                        b":channel:" in c for c in await asyncio.to_thread(node.pubsub_channels)):
+                    await asyncio.sleep(0.05)
+            finally:
+                node.close()
+        killed = await asyncio.to_thread(self.topology.client_kill, kind)
+        self.faults[f"client_kill_{kind}"].append(killed)
+        self.say(f"CLIENT KILL TYPE {kind}: {killed} connection(s)")
+
+    async def faults_run(self) -> None:
+        self.fault_bus = self.topology.bus()
+        try:
+            await self._faults_run()
+        finally:
+            self.fault_bus.close()
+
+    async def _faults_run(self) -> None:
+        duration = self.config.duration
+        tasks = [asyncio.create_task(self.routers_chaos())]
+        scheduled = [
+            *(("worker_kills", duration * (0.15 + 0.6 * i / max(1, self.config.worker_kills)))
+              for i in range(self.config.worker_kills)),
+            *(("pool_kills", duration * (0.3 + 0.5 * i / max(1, self.config.pool_kills)))
+              for i in range(self.config.pool_kills)),
+        ]
+
+        async def later(kind, at):
+            await asyncio.sleep(at)
+            await self.kill_mid_job(kind)
+
+        one_shots = [asyncio.create_task(later(kind, at)) for kind, at in scheduled]
+        one_shots.append(asyncio.create_task(self.client_kill("normal", duration * 0.35)))
+        one_shots.append(asyncio.create_task(self.client_kill("pubsub", duration * 0.55)))
+        await asyncio.gather(*one_shots)
+        await self.posts_done.wait()
+        self.stop_faults.set()
+        await asyncio.gather(*tasks)
+
+    # Metrics -----------------------------------------------------------------------------------------
+
+    def scrape(self) -> None:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        for process in self.stack.metered:
+            if not alive(process):
+                continue
+            try:
+                status, _, body = http_request(self.stack.metrics_ports[id(process)], "GET", "/", timeout=2)
+            except OSError:
+                continue
+            if status != 200:
+                continue
+            samples = {}
+            for family in text_string_to_metric_families(body.decode()):
+                for sample in family.samples:
+                    if sample.name.endswith("_total") or sample.name.endswith("_count"):
+                        key = (sample.name, tuple(sorted(sample.labels.items())))
+                        samples[key] = sample.value
+            self.metrics[id(process)] = samples
+
+    async def scraper(self) -> None:
+        while not self.scraping_done.is_set():
+            await asyncio.to_thread(self.scrape)
+            try:
+                await asyncio.wait_for(self.scraping_done.wait(), 0.5)
+            except asyncio.TimeoutError:
+                pass
+
+    # Main ------------------------------------------------------------------------------------------
+
+    async def workload(self) -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(ThreadPoolExecutor(max_workers=64, thread_name_prefix="chaos-http"))
+        self.posts: list[asyncio.Task] = []
+        self.watchers: list[asyncio.Task] = []
+        self.posts_done = asyncio.Event()
+        self.stop_faults = asyncio.Event()
+        self.stop_watching = asyncio.Event()
+        self.scraping_done = asyncio.Event()
+        scraper = asyncio.create_task(self.scraper())
+        faults = asyncio.create_task(self.faults_run())
+        by_user: dict[str, list[Job]] = {}
+        for job in self.jobs:
+            by_user.setdefault(job.user.username, []).append(job)
+        started = time.monotonic()
+        await asyncio.gather(*(self.client(jobs) for jobs in by_user.values()))
+        await asyncio.gather(*self.posts)
+        self.timings["posting"] = time.monotonic() - started
+        self.say(f"all {len(self.jobs)} jobs posted")
+        self.posts_done.set()
+        await faults
+        self.timings["faults"] = time.monotonic() - started
+        self.say("faults over; waiting for the watchers")
+        # Watchers finish when their job's final event arrives; bounded by the settle time.
+        deadline = self.config.settle_timeout
+        done, pending = await asyncio.wait(self.watchers, timeout=deadline) if self.watchers else (set(), set())
+        self.stop_watching.set()
+        if pending:
+            await asyncio.wait(pending, timeout=10)
+            for task in pending:
+                task.cancel()
+        self.timings["watching"] = time.monotonic() - started
+        self.scraping_done.set()
+        await scraper
+
+    def settle(self, timeout: float) -> None:
+        """Wait (bounded) until every job completed and nothing is pending in the streams."""
+        from idempotency.models import Operation
+
+        bus = self.topology.bus()
+        try:
+            def quiet():
+                states = Operation.objects.filter(owner__username__startswith=self.prefix).exclude(
+                    state=Operation.State.COMPLETED)
+                if states.exists():
+                    return False
+                return sum(pending_count(bus, stream) for stream in streams()) == 0
+
+            try:
+                wait_for(quiet, timeout=timeout, interval=0.25, message="every job completed and no entry pending")
+            except AssertionError as exc:
+                self.say(str(exc))
+        finally:
+            bus.close()
+
+    def execute(self) -> Result:
+        self.t0 = time.monotonic()
+        self.create_users()
+        self.plan()
+        self.topology.start()
+        os.environ.setdefault("REDIS_URL", self.topology.bus_url)  # tests.processes.process_env reads it
+        self.stack = Stack(self.topology, self.config)
+        try:
+            self.say(f"seed {self.seed}; starting the stack ({'cluster' if self.config.cluster else 'plain'} Redis)")
+            self.stack.start()
+            self.timings["startup"] = time.monotonic() - self.t0
+            for user in self.users:
+                user.session = login(self.stack.port, user.username, user.password)
+            self.say(f"stack up on port {self.stack.port}; {len(self.jobs)} jobs by {len(self.users)} clients")
+            workload_started = time.monotonic()
+            asyncio.run(self.workload())
+            self.settle(max(10.0, self.config.settle_timeout / 2))
+            self.timings["workload"] = time.monotonic() - workload_started
+            self.scrape()
+            web_metrics = self.web_metrics()
+            self.exited = [p for p in self.stack.live if not alive(p)]  # died by themselves: a crash
+            self.details = self.job_details()
+            checker = Checker(self, web_metrics)
+            result = checker.check()
+            return result
+        finally:
+            self.stack.stop()
+            self.topology.stop()
+
+    def job_details(self) -> dict[str, tuple[int, dict | None]]:
+        """GET /api/jobs/<id>/ of every job, as its owner: (status, body)."""
+        details = {}
+        for job in self.jobs:
+            if not job.job_id:
+                continue
+            try:
+                status, _, body = http_request(self.stack.port, "GET", f"/api/jobs/{job.job_id}/",
+                                               headers={"Authorization": f"Token {job.user.token}"}, timeout=10)
+                details[job.job_id] = (status, json.loads(body) if status == 200 else None)
+            except (OSError, ValueError) as exc:
+                details[job.job_id] = (0, {"error": repr(exc)})
+        return details
+
+    def web_metrics(self) -> dict:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        try:
+            status, _, body = http_request(self.stack.port, "GET", "/metrics", timeout=10)
+        except OSError:
+            return {}
+        outcomes = {}
+        for family in text_string_to_metric_families(body.decode()):
+            for sample in family.samples:
+                if sample.name == "idempotency_requests_total":
+                    outcomes[sample.labels["outcome"]] = int(sample.value)
+        return outcomes
+
+
+def streams():
+    from eventbus.routing import streams_for
+
+    return streams_for()
+
+
+def pending_count(bus, stream) -> int:
+    from eventbus.conf import eventbus_settings
+
+    try:
+        summary = bus.xpending(stream.key, eventbus_settings.GROUP)
+    except redis.ResponseError:  # no group yet
+        return 0
+    return int(summary["pending"])
+
+
+# The checker -------------------------------------------------------------------------------------
+
+class Checker:
+    """Reads what every layer recorded and compares it with what the workload did."""
+
+    def __init__(self, run: Run, web_metrics: dict):
+        self.run = run
+        self.web_metrics = web_metrics
+        self.failures: list[str] = []
+        self.figures: dict = {}
+
+    def fail(self, message: str) -> None:
+        self.failures.append(message)
+
+    def check(self) -> Result:
+        run = self.run
+        jobs = [job for job in run.jobs]
+        self.check_answers(jobs)
+        self.check_operations(jobs)
+        self.check_executions(jobs)
+        self.check_redis(jobs)
+        self.check_watchers(jobs)
+        self.check_faults()
+        self.count_layers()
+        self.figures["wall_time_s"] = round(time.monotonic() - run.t0, 1)
+        self.figures["timings_s"] = {k: round(v, 1) for k, v in run.timings.items()}
+        report = self.report()
+        return Result(not self.failures, self.failures, self.figures, report)
+
+    # L0: the API ----------------------------------------------------------------------------------
+
+    def check_answers(self, jobs: list[Job]) -> None:
+        copies = conflicts = replayed = transport = 0
+        for job in jobs:
+            copies += job.copies
+            for failure in job.failures:
+                self.fail(f"key {job.key}: a copy of the POST {failure}")
+            if not job.answers:
+                continue
+            conflicts += sum(a.conflicts for a in job.answers)
+            transport += sum(a.transport_errors for a in job.answers)
+            replayed += sum(a.replayed for a in job.answers)
+            firsts = [a for a in job.answers if not a.replayed]
+            if len(firsts) != 1:
+                self.fail(f"key {job.key}: {len(firsts)} answers were not replays (expected exactly 1): "
+                          f"{[(a.status, a.body[:120]) for a in firsts]}")
+            reference = min(firsts or job.answers, key=lambda a: a.at)
+            if reference.status != 201:
+                self.fail(f"key {job.key}: first answer {reference.status} {reference.body[:300]!r}")
+            for answer in job.answers:
+                if (answer.status, answer.body) != (reference.status, reference.body):
+                    self.fail(f"key {job.key}: a retry got {answer.status} {answer.body[:200]!r}, the first got "
+                              f"{reference.status} {reference.body[:200]!r}")
+        self.figures["posts"] = {"keys": len(jobs), "copies_sent": copies, "replayed_answers": replayed,
+                                 "409_in_flight_retried": conflicts, "transport_errors_retried": transport,
+                                 "concurrent_keys": sum(j.concurrent for j in jobs)}
+
+    def check_operations(self, jobs: list[Job]) -> None:
+        from idempotency.models import IdempotencyRecord, Operation
+
+        operations = list(Operation.objects.filter(owner__username__startswith=self.run.prefix))
+        by_key: dict[tuple[int, str], list] = {}
+        for operation in operations:
+            by_key.setdefault((operation.owner_id, operation.idem_key), []).append(operation)
+        records = {(r.scope, r.key): r for r in IdempotencyRecord.objects.filter(
+            key__in=[job.key for job in jobs])}
+        for job in jobs:
+            found = by_key.get((job.user.pk, job.key), [])
+            if len(found) != 1:
+                self.fail(f"key {job.key}: {len(found)} Operations (expected 1)")
+                continue
+            operation = found[0]
+            if job.job_id and str(operation.op_id) != job.job_id:
+                self.fail(f"key {job.key}: the API answered job {job.job_id}, the Operation is {operation.op_id}")
+            if operation.state != Operation.State.COMPLETED or operation.completed_at is None:
+                self.fail(f"job {operation.op_id} ({job.domain}) is {operation.state}, not COMPLETED")
+            status, detail = self.run.details.get(str(operation.op_id), (0, None))
+            latest = (detail or {}).get("latest_event") or {}
+            if status != 200 or detail.get("state") != "COMPLETED" or latest.get("seq") != FINAL_SEQ:
+                self.fail(f"GET /api/jobs/{operation.op_id}/: {status} {detail}")
+            record = [r for (scope, key), r in records.items() if key == job.key]
+            if len(record) != 1 or record[0].state != IdempotencyRecord.State.COMPLETED:
+                self.fail(f"key {job.key}: idempotency records {[(r.scope, r.state) for r in record]}")
+        self.figures["operations"] = len(operations)
+        if len(operations) != len(jobs):
+            self.fail(f"{len(operations)} Operations for {len(jobs)} keys")
+
+    def check_executions(self, jobs: list[Job]) -> None:
+        """One execution to completion per job: the worker logs tell (across every restart).
+
+        - `Job <id> COMPLETED`: logged once the conditional UPDATE moved the job to COMPLETED
+          (eventbus.jobs._record_end): it must appear exactly once.
+        - `Task eventbus.run_job[<id>] succeeded ...: 'COMPLETED'`: a run that went through the
+          pipeline to its end; more than one means the job's work ran to completion twice.
+        Re-deliveries after a kill are expected and counted: they end 'skipped' (already
+        COMPLETED), wait for the run lease (retry), or re-run the pipeline after a crash (L1
+        drops what the dead run published, which the stream check confirms).
+        """
+        text = "\n".join(worker.log() for worker in self.run.stack.workers)
+        transitions = _count(rf"Job ({UUID_RE}) COMPLETED$", text)
+        runs_completed = _count(rf"Task eventbus\.run_job\[({UUID_RE})\] succeeded in [0-9.]+s: 'COMPLETED'", text)
+        received = _count(rf"Task eventbus\.run_job\[({UUID_RE})\] received", text)
+        started = _count(rf"Job ({UUID_RE}) running", text)
+        skipped = _count(rf"Task eventbus\.run_job\[({UUID_RE})\] succeeded in [0-9.]+s: 'skipped'", text)
+        retried = _count(rf"Task eventbus\.run_job\[({UUID_RE})\] retry", text)
+        lost = _count(rf"Job ({UUID_RE}): .*its new run finishes it", text)
+        self.l1_duplicates = len(re.findall(r"duplicate dropped \(L1\)", text))
+        for job in jobs:
+            if not job.job_id:
+                continue
+            if transitions.get(job.job_id, 0) != 1:
+                self.fail(f"job {job.job_id}: moved to COMPLETED {transitions.get(job.job_id, 0)} times (expected 1)")
+            if runs_completed.get(job.job_id, 0) > 1:
+                self.fail(f"job {job.job_id}: {runs_completed[job.job_id]} runs went through its pipeline to the "
+                          "end (expected 1)")
+        ids = [job.job_id for job in jobs if job.job_id]
+        self.figures["executions"] = {
+            "completed_transitions": sum(transitions.get(i, 0) for i in ids),
+            "runs_to_completion": sum(runs_completed.get(i, 0) for i in ids),
+            "deliveries_received": sum(received.get(i, 0) for i in ids),
+            "runs_started": sum(started.get(i, 0) for i in ids),
+            "jobs_run_more_than_once": sum(1 for i in ids if started.get(i, 0) > 1),
+            "redeliveries_skipped_already_completed": sum(skipped.get(i, 0) for i in ids),
+            "lease_busy_retries": sum(retried.get(i, 0) for i in ids),
+            "runs_that_lost_their_lease": sum(lost.get(i, 0) for i in ids),
+            "worker_lost_errors": text.count("WorkerLostError"),
+        }
+
+    # L1-L3: Redis --------------------------------------------------------------------------------
+
+    def check_redis(self, jobs: list[Job]) -> None:
+        from eventbus.keys import JobKeys, dead_letter_key
+
+        bus = self.run.topology.bus()
+        try:
+            entries: dict[str, list[dict]] = {}
+            total = 0
+            for stream in streams():
+                for stream_id, fields in bus.xrange(stream.key, "-", "+"):
+                    total += 1
+                    entries.setdefault(fields.get("job_id"), []).append({**fields, "stream_id": stream_id,
+                                                                         "stream": stream.key})
+            ours = {job.job_id for job in jobs if job.job_id}
+            strangers = set(entries) - ours
+            if strangers:
+                self.fail(f"stream entries of unknown jobs: {sorted(strangers)[:5]}")
+            dead = sum(bus.xlen(dead_letter_key(s.domain, s.shard)) for s in streams())
+            pending = sum(pending_count(bus, s) for s in streams())
+            if dead:
+                self.fail(f"{dead} dead letter(s) (expected 0)")
+            if pending:
+                self.fail(f"{pending} stream entries still pending in the router group (expected 0)")
+            for job in jobs:
+                if not job.job_id:
+                    continue
+                keys = JobKeys(job.domain, job.job_id)
+                got = entries.get(job.job_id, [])
+                triples = [(e["job_id"], e["stage"], int(e["seq"])) for e in got]
+                dups = {t for t in triples if triples.count(t) > 1}
+                if dups:
+                    self.fail(f"job {job.job_id}: the stream holds {sorted(dups)} more than once")
+                seqs = [int(e["seq"]) for e in got]
+                if seqs != job.expected:
+                    self.fail(f"job {job.job_id}: stream seqs {seqs}, expected {job.expected}")
+                prevs = [int(e["prev_seq"]) for e in got]
+                if prevs != [0, *job.expected[:-1]] and seqs == job.expected:
+                    self.fail(f"job {job.job_id}: stream prev_seqs {prevs}")
+                state_raw = bus.get(keys.state)
+                state = json.loads(state_raw) if state_raw else None
+                final = next((e for e in got if int(e["seq"]) == FINAL_SEQ), None)
+                if state is None or state.get("seq") != FINAL_SEQ or state.get("data", {}).get("state") != "COMPLETED":
+                    self.fail(f"job {job.job_id}: state {state_raw!r} is not its final COMPLETED event")
+                elif final is None or state.get("stream_id") != final["stream_id"]:
+                    self.fail(f"job {job.job_id}: state's stream id {state.get('stream_id')} is not the final "
+                              f"entry's {final and final['stream_id']}")
+                history = [int(score) for _, score in bus.zrange(keys.history, 0, -1, withscores=True)]
+                if history != job.expected:
+                    self.fail(f"job {job.job_id}: history seqs {history}, expected {job.expected}")
+                applied = bus.get(keys.applied)
+                if applied != str(FINAL_SEQ):
+                    self.fail(f"job {job.job_id}: applied seq {applied}, expected {FINAL_SEQ}")
+            self.figures["streams"] = {"entries": total, "dead_letters": dead, "pending": pending,
+                                       "expected_events": sum(len(j.expected) for j in jobs)}
+        finally:
+            bus.close()
+
+    # L4: the watchers ---------------------------------------------------------------------------------
+
+    def check_watchers(self, jobs: list[Job]) -> None:
+        watches = connections = cuts_clean = cuts_abort = slow = errors = 0
+        closes: dict[int, int] = {}
+        for job in jobs:
+            for watch in job.watches:
+                watches += 1
+                connections += watch.connections
+                cuts_clean += watch.cuts_clean
+                cuts_abort += watch.cuts_abort
+                errors += len(watch.connect_errors)
+                for code in watch.closes:
+                    closes[code] = closes.get(code, 0) + 1
+                slow += watch.closes.count(4008)
+                name = f"job {job.job_id} watcher {watch.index}"
+                if watch.seqs != job.expected:
+                    self.fail(f"{name} saw seqs {watch.seqs} over {watch.connections} connection(s) "
+                              f"(events {watch.events}), expected {job.expected}")
+                if watch.resets:
+                    self.fail(f"{name} got reset frame(s) {watch.resets} (the history cannot have expired)")
+                if watch.errors:
+                    self.fail(f"{name} got error frame(s) {watch.errors}")
+                if not watch.done:
+                    self.fail(f"{name} never got the final event (seqs {watch.seqs}, closes {watch.closes}, "
+                              f"connect errors {watch.connect_errors[-3:]})")
+                unexpected = [c for c in watch.closes if c not in (1000, 1001, 4008)]
+                if unexpected:
+                    self.fail(f"{name}: closed by the server with {unexpected}")
+        self.figures["websockets"] = {
+            "watchers": watches, "connections": connections, "reconnects": connections - watches,
+            "cut_clean_close": cuts_clean, "cut_tcp_abort": cuts_abort, "server_close_codes": closes,
+            "closed_4008_too_slow": slow, "connect_errors_retried": errors,
+        }
+
+    # Faults and counts -------------------------------------------------------------------------------
+
+    def check_faults(self) -> None:
+        for process in self.run.exited:
+            self.fail(f"{process.name} exited by itself (code {process.process.returncode}):\n"
+                      f"{process.log()[-2000:]}")
+        faults = self.run.faults
+        for kind in faults:
+            if not faults[kind]:
+                self.fail(f"fault {kind} was never injected")
+        for kind in ("client_kill_normal", "client_kill_pubsub"):
+            if faults[kind] and not sum(faults[kind]):
+                self.fail(f"{kind}: no connection was killed")
+        stack = self.run.stack
+        if faults["client_kill_pubsub"] and "gateway hub reconnected to Redis" not in stack.web.log():
+            self.fail("CLIENT KILL TYPE pubsub missed the gateway hub (it never reconnected)")
+        self.figures["kills_survived"] = {
+            "router_sigkills": len(faults["router_kills"]),
+            "router_sigkills_holding_entries": sum(1 for kill in faults["router_kills"] if kill["held"]),
+            "worker_sigkills_mid_job": len(faults["worker_kills"]),
+            "pool_sigkills_mid_job": len(faults["pool_kills"]),
+            "client_kill_normal_connections": sum(faults["client_kill_normal"]),
+            "client_kill_pubsub_connections": sum(faults["client_kill_pubsub"]),
+            "gateway_hub_reconnections": stack.web.log().count("gateway hub reconnected to Redis"),
+        }
+
+    def count_layers(self) -> None:
+        totals: dict[str, float] = {}
+        for samples in self.run.metrics.values():
+            for (name, labels), value in samples.items():
+                labels = dict(labels)
+                key = name if "layer" not in labels else f"{name}{{layer={labels['layer']}}}"
+                totals[key] = totals.get(key, 0) + value
+        web = self.web_metrics
+        self.figures["layers"] = {
+            "L0_idempotency_requests": web,
+            "L1_events_published": self.figures.get("streams", {}).get("entries"),
+            "L1_duplicates_dropped": self.l1_duplicates,
+            # Scraped every 0.5 s from each router incarnation and the reclaimer: a router's
+            # counts since its last scrape die with it, so these are lower bounds.
+            "L2_applied_at_least": int(totals.get("eventbus_applied_total", 0)),
+            "L2_duplicates_dropped_at_least": int(totals.get("eventbus_duplicates_total{layer=L2}", 0)),
+            "L2_deferred_at_least": int(totals.get("eventbus_deferred_total", 0)),
+            "reclaimed_entries": int(totals.get("event_router_reclaim_messages_total", 0)),
+            "dead_letters_metric": int(totals.get("eventbus_dead_letters_total", 0)),
+        }
+
+    def report(self) -> str:
+        run = self.run
+        lines = [
+            f"exactly-once chaos run: {len(run.jobs)} jobs, {len(run.users)} clients, duration "
+            f"{run.config.duration:g}s, {'3-master Redis Cluster' if run.config.cluster else 'plain Redis'}, "
+            f"seed {run.seed}",
+        ]
+        for name, value in self.figures.items():
+            lines.append(f"  {name}: {json.dumps(value, sort_keys=False)}")
+        if self.failures:
+            lines.append(f"FAILED: {len(self.failures)} violation(s)")
+            lines.extend(f"  - {failure}" for failure in self.failures[:50])
+            if len(self.failures) > 50:
+                lines.append(f"  ... and {len(self.failures) - 50} more")
+            stack = run.stack
+            logs = [stack.web, *stack.workers, *stack.all_routers, stack.reclaimer, stack.sweeper]
+            lines.append("process logs: " + " ".join(str(p.log_path) for p in logs))
+        else:
+            lines.append("PASSED: every guarantee held")
+        return "\n".join(lines)
+
+
+def _count(pattern: str, text: str) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for match in re.finditer(pattern, text, re.MULTILINE):
+        counts[match.group(1)] = counts.get(match.group(1), 0) + 1
+    return counts
+
+
+def run_chaos(config: ChaosConfig) -> Result:
+    """Start the stack, run the workload under faults, check; every process stopped at the end."""
+    return Run(config).execute()
