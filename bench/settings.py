@@ -21,7 +21,7 @@ REDIS_URL (its private Redis).
 import os
 
 from config.settings.base import *  # noqa: F401,F403
-from config.settings.base import CACHES, DATABASES, INSTALLED_APPS, MIDDLEWARE, REDIS_URL
+from config.settings.base import CACHES, DATABASES, INSTALLED_APPS, MIDDLEWARE, REDIS_URL, redis_cache
 
 DEBUG = False
 SECRET_KEY = "bench-only-key-not-a-secret"
@@ -44,15 +44,7 @@ MIDDLEWARE = [
     MIDDLEWARE[-1],
 ]
 
-CACHES = {
-    **CACHES,
-    "idempotency_key": {
-        "BACKEND": "django_redis.cache.RedisCache",
-        "LOCATION": REDIS_URL,
-        "KEY_PREFIX": "dik",
-        "OPTIONS": {"CLIENT_CLASS": "django_redis.client.DefaultClient"},
-    },
-}
+CACHES = {**CACHES, "idempotency_key": redis_cache(REDIS_URL, "dik")}
 
 IDEMPOTENCY_KEY = {
     "CONFLICT_STATUS_CODE": None,

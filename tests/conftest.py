@@ -7,6 +7,7 @@ import redis
 from django.test.utils import override_settings
 
 from config.redis_server import RedisServer
+from config.settings.base import redis_cache
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -17,14 +18,7 @@ def redis_url():
         server = RedisServer().start()
         url = server.url
         os.environ["REDIS_URL"] = url  # for processes the tests start
-    caches = {
-        "default": {
-            "BACKEND": "django_redis.cache.RedisCache",
-            "LOCATION": url,
-            "KEY_PREFIX": "test-cache",
-            "OPTIONS": {"CLIENT_CLASS": "django_redis.client.DefaultClient"},
-        }
-    }
+    caches = {"default": redis_cache(url, "test-cache")}
     with override_settings(REDIS_URL=url, CACHES=caches, CELERY_BROKER_URL=url):
         yield url
     if server:
