@@ -46,11 +46,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.database import BenchDatabase
+from bench.procstat import CLOCK_TICKS, cpu_seconds
 from config.redis_server import RedisServer, free_port  # noqa: E402
 
 BIN = Path(sys.executable).parent
@@ -61,7 +62,6 @@ SECRET_KEY = "bench-gateway-only-not-a-secret"
 DOMAIN = "scan"
 STAGE = "bench"
 CHANNEL_PATTERN = "*:channel:*"
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 # SPEC §9 targets
 TARGET_SOCKETS = 5000
@@ -129,14 +129,6 @@ def rss_kb(pid: int) -> dict[str, int]:
     return found
 
 
-def cpu_seconds(pid: int) -> float:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-
-
 def machine_busy() -> tuple[float, float]:
     """(busy, total) CPU seconds of the whole machine since boot (/proc/stat)."""
     values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
@@ -191,61 +183,6 @@ def percentile(ordered: list, q: float) -> float:
     if not ordered:
         return float("nan")
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-# --- the database -----------------------------------------------------------------------------
-
-
-class Database:
-    """The bench's own database: a SQLite file, or a new database on the PostgreSQL server of
-    DATABASE_URL; dropped by drop()."""
-
-    def __init__(self):
-        self.name = f"bench_gateway_{os.getpid()}"
-        url = os.environ.get("DATABASE_URL", "")
-        self.vendor = "postgresql" if url.startswith(("postgres", "pgsql")) else "sqlite"
-        self.server_url = url
-        self.created = False
-        if self.vendor == "sqlite":
-            self.path = Path(tempfile.gettempdir()) / f"{self.name}.sqlite3"
-            self.url = f"sqlite:///{self.path}"
-            self.version = "SQLite " + __import__("sqlite3").sqlite_version
-
-    def _conninfo(self) -> str:
-        import psycopg.conninfo
-
-        parts = urlsplit(self.server_url)
-        return psycopg.conninfo.make_conninfo(
-            host=parts.hostname or "127.0.0.1",
-            port=parts.port or 5432,
-            user=parts.username or "postgres",
-            password=parts.password or None,
-            dbname=parts.path.lstrip("/") or "postgres",
-        )
-
-    def create(self) -> None:
-        if self.vendor == "postgresql":
-            import psycopg
-
-            with psycopg.connect(self._conninfo(), autocommit=True) as conn:
-                conn.execute(f'DROP DATABASE IF EXISTS "{self.name}"')
-                conn.execute(f'CREATE DATABASE "{self.name}"')
-                self.version = "PostgreSQL " + conn.execute("SHOW server_version").fetchone()[0]
-            self.url = urlunsplit(urlsplit(self.server_url)._replace(path="/" + self.name))
-        self.created = True
-
-    def drop(self) -> None:
-        if not self.created:
-            return
-        self.created = False
-        if self.vendor == "sqlite":
-            for suffix in ("", "-wal", "-shm"):
-                Path(str(self.path) + suffix).unlink(missing_ok=True)
-            return
-        import psycopg
-
-        with psycopg.connect(self._conninfo(), autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
 
 
 # --- setup ------------------------------------------------------------------------------------
@@ -1279,7 +1216,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, on_sigterm)
     try:
         redis_server = RedisServer().start()
-        database = Database()
+        database = BenchDatabase(f"bench_gateway_{os.getpid()}")
         database.create()
         env = bench_env(redis_server.url, database.url)
         os.environ.update(env)

@@ -45,10 +45,13 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from bench.database import BenchDatabase
+from bench.procstat import cpu_seconds
+from config.redis_server import free_port
 
 DEFAULT_PG = "postgres://postgres@127.0.0.1:5432/test"
 REPORT = ROOT / "bench" / "REPORT-idempotency.md"
@@ -57,106 +60,8 @@ BEGIN, END = "<!-- bench:results:begin -->", "<!-- bench:results:end -->"
 BODY = json.dumps({"domain": "scan", "payload": {"source": "bench", "items": [1, 2, 3]}}).encode()
 
 
-# --- the database ---------------------------------------------------------------------------
-
-def _pg_reachable(url: str) -> bool:
-    import psycopg
-
-    parts = urlsplit(url)
-    try:
-        with psycopg.connect(_pg_conninfo(parts), connect_timeout=3):
-            return True
-    except Exception:
-        return False
-
-
-def _pg_conninfo(parts, dbname: str | None = None) -> str:
-    import psycopg.conninfo
-
-    return psycopg.conninfo.make_conninfo(
-        host=parts.hostname or "127.0.0.1", port=parts.port or 5432, user=parts.username or "postgres",
-        password=parts.password or None, dbname=dbname or parts.path.lstrip("/") or "postgres",
-    )
-
-
-class BenchDatabase:
-    """A database of the bench's own: created now, dropped by `drop()`."""
-
-    def __init__(self):
-        self.name = f"bench_idem_{os.getpid()}"
-        url = os.environ.get("DATABASE_URL")
-        self.warning = None
-        if url and not url.startswith(("postgres", "pgsql")):
-            self.vendor, self.url = "sqlite", None
-            self.warning = f"DATABASE_URL={url} is not PostgreSQL: the bench runs on SQLite"
-        elif url or _pg_reachable(DEFAULT_PG):
-            self.vendor, self.server_url = "postgresql", url or DEFAULT_PG
-        else:
-            self.vendor = "sqlite"
-            self.warning = f"no DATABASE_URL and no PostgreSQL at {DEFAULT_PG}: the bench runs on SQLite"
-        if self.vendor == "sqlite":
-            self.path = Path(tempfile.gettempdir()) / f"{self.name}.sqlite3"
-            self.url = f"sqlite:///{self.path}"
-            self.version = "SQLite " + __import__("sqlite3").sqlite_version
-        self.created = False
-
-    def create(self) -> None:
-        if self.vendor == "sqlite":
-            self.created = True
-            return
-        import psycopg
-
-        parts = urlsplit(self.server_url)
-        with psycopg.connect(_pg_conninfo(parts), autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{self.name}"')
-            conn.execute(f'CREATE DATABASE "{self.name}"')
-            self.version = "PostgreSQL " + conn.execute("SHOW server_version").fetchone()[0]
-        self.created = True
-        self.url = urlunsplit(parts._replace(path="/" + self.name))
-
-    def backend_pids(self) -> list[int]:
-        """The PostgreSQL server processes serving the bench database (the server's persistent
-        connections), when the server runs on this machine."""
-        import psycopg
-
-        with psycopg.connect(_pg_conninfo(urlsplit(self.server_url)), autocommit=True) as conn:
-            rows = conn.execute(
-                "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()", (self.name,)
-            ).fetchall()
-        return [pid for (pid,) in rows if Path(f"/proc/{pid}").exists()]
-
-    def drop(self) -> None:
-        if not self.created:
-            return
-        self.created = False
-        if self.vendor == "sqlite":
-            for suffix in ("", "-wal", "-shm"):
-                Path(str(self.path) + suffix).unlink(missing_ok=True)
-            return
-        import psycopg
-
-        with psycopg.connect(_pg_conninfo(urlsplit(self.server_url)), autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
-
-
 # --- the server -----------------------------------------------------------------------------
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process (0 when it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
 def children(pid: int) -> list[int]:
@@ -536,7 +441,7 @@ def main() -> int:
 
     from config.redis_server import RedisServer
 
-    db = BenchDatabase()
+    db = BenchDatabase(f"bench_idem_{os.getpid()}", default_server=DEFAULT_PG)
     if db.warning:
         print(f"WARNING: {db.warning}. The SPEC §9 targets are for PostgreSQL.", file=sys.stderr)
     redis_server = server = None
