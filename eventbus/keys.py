@@ -27,7 +27,7 @@ def seq_for(stage: str, sub_seq: int) -> int:
 def shard_count(domain: str) -> int:
     try:
         return int(eventbus_settings.DOMAINS[domain])
-    except KeyError:
+    except (KeyError, TypeError):  # TypeError: not even a possible name (unhashable)
         raise UnknownDomain(f"Unknown domain {domain!r}; configured: {sorted(eventbus_settings.DOMAINS)}") from None
 
 

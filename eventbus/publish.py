@@ -20,7 +20,7 @@ from redis.exceptions import ResponseError
 from . import metrics
 from .conf import eventbus_settings
 from .entries import event_head
-from .keys import JobKeys
+from .keys import JobKeys, UnknownDomain
 from .redis import get_redis
 from .scripts import PUBLISH, ScriptCall, run_pipelined
 
@@ -57,9 +57,11 @@ class OutOfOrderEvent(ValueError):
 def _prepare(event: Event) -> tuple[ScriptCall, tuple[str, str]]:
     """The script call of a valid event, and its metric labels; InvalidEvent otherwise."""
     domain, job_id, stage, seq, data = event
-    if not isinstance(domain, str) or domain not in eventbus_settings.DOMAINS:
-        raise InvalidEvent(f"Unknown domain {domain!r}; configured: {sorted(eventbus_settings.DOMAINS)}")
     job_id = str(job_id)
+    try:
+        keys = JobKeys(domain, job_id)
+    except UnknownDomain as exc:
+        raise InvalidEvent(str(exc)) from None
     if not job_id:
         raise InvalidEvent("job_id is empty")
     if not isinstance(stage, str) or not stage:
@@ -70,7 +72,6 @@ def _prepare(event: Event) -> tuple[ScriptCall, tuple[str, str]]:
         data_json = _encode(data)
     except (TypeError, ValueError) as exc:
         raise InvalidEvent(f"data of seq {seq} is not JSON-serialisable: {exc}") from None
-    keys = JobKeys(domain, job_id)
     head = event_head(domain=domain, job_id=job_id, stage=stage, seq=seq, data_json=data_json)
     settings = eventbus_settings
     call = PUBLISH.call(

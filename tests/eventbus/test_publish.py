@@ -126,6 +126,7 @@ def test_an_out_of_order_event_in_a_batch_raises_after_the_others_ran(redis_clie
     "event, message",
     [
         (("nope", "j", "vision", 10, {}), "Unknown domain 'nope'"),
+        ((["scan"], "j", "vision", 10, {}), r"Unknown domain \['scan'\]"),
         (("scan", "", "vision", 10, {}), "job_id is empty"),
         (("scan", "j", "", 10, {}), "stage must be a non-empty string"),
         (("scan", "j", "vision", 0, {}), "seq must be an int > 0"),
