@@ -116,8 +116,8 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
         pass  # the stream is one-way; the client resumes by reconnecting with last_seq
 
     # Called by the hub, synchronously, on the event loop.
-    def deliver(self, message: bytes) -> None:
-        self._enqueue(message)
+    def deliver(self, raw: bytes, event: dict) -> None:
+        self._enqueue((raw, event))
 
     def resync(self) -> None:
         self._enqueue(_RESYNC)
@@ -147,14 +147,14 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
                 if item is _RESYNC:
                     await self._backfill_when_redis_answers()
                     continue
-                event = json.loads(item)
+                raw, event = item
                 if event["seq"] <= self.last_sent:
                     continue  # already sent (backfill got there first)
                 if event.get("prev_seq", 0) > self.last_sent:
                     # Something between is missing: the history has it.
                     await self._backfill_when_redis_answers()
                     continue
-                await self._send_event(item, event["seq"])
+                await self._send_event(raw, event["seq"])
         except asyncio.CancelledError:
             raise
         except ClientGone:

@@ -9,6 +9,7 @@ resync (backfill from the job's history), and nothing is lost.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import weakref
 from typing import Protocol
@@ -25,7 +26,7 @@ logger = logging.getLogger(__name__)
 
 
 class Listener(Protocol):
-    def deliver(self, message: bytes) -> None: ...
+    def deliver(self, raw: bytes, event: dict) -> None: ...
 
     def resync(self) -> None: ...
 
@@ -127,8 +128,17 @@ class Hub:
                 continue
             channel = message["channel"].decode()
             if message["type"] == "message":
-                for listener in list(self._listeners.get(channel, ())):
-                    listener.deliver(message["data"])
+                listeners = list(self._listeners.get(channel, ()))
+                if listeners:
+                    try:
+                        event = json.loads(message["data"])  # once, whatever the sockets on the channel
+                        event["seq"]
+                    except (ValueError, TypeError, KeyError):
+                        # Not the router's: nobody else may stop the stream of every socket.
+                        logger.warning("gateway hub: ignored a message on %s that is not an event", channel)
+                        continue
+                    for listener in listeners:
+                        listener.deliver(message["data"], event)
             elif message["type"] == "subscribe" and channel in self._confirmed:
                 self._confirmed[channel].set()
 

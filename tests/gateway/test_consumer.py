@@ -168,3 +168,12 @@ async def test_pubsub_connection_killed_mid_stream_loses_nothing(job, cookie, re
         assert [f["seq"] for f in frames] == SCAN[3:]
         assert await socket.receive_nothing(timeout=0.2)
     assert get_hub().reconnections == 1
+
+
+async def test_a_foreign_message_on_the_channel_stops_nothing(job, cookie, redis_client):
+    socket = await open_socket(f"/ws/jobs/{job.op_id}/", cookie, subscribed_to=job)
+    channel = JobKeys("scan", str(job.op_id)).channel
+    for garbage in (b"not json", b"[1, 2]", b'{"no": "seq"}'):
+        redis_client.publish(channel, garbage)
+    await publish_and_route(job, SCAN)
+    assert [f["seq"] for f in await frames_until(socket, 51)] == SCAN
