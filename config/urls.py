@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
-from idempotency.problems import problem_handler404, problem_handler500
+from idempotency.problems import problem_handler400, problem_handler403, problem_handler404, problem_handler500
 
 from . import views
 
@@ -11,8 +11,11 @@ urlpatterns = [
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("metrics", views.metrics, name="metrics"),
+    path("idempotency/", include("idempotency.urls")),
     path("", include("gateway.urls")),
 ]
 
+handler400 = problem_handler400
+handler403 = problem_handler403
 handler404 = problem_handler404
 handler500 = problem_handler500

@@ -7,3 +7,6 @@ class IdempotencyConfig(AppConfig):
 
     def ready(self):
         from . import checks  # noqa: F401  (registers the system checks)
+        from . import signals
+
+        signals.connect()

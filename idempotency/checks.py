@@ -1,11 +1,12 @@
 """System checks: the middleware must run after the middleware it depends on, and the
 IDEMPOTENCY settings must be valid."""
 from django.conf import settings
-from django.core.checks import Error, register
+from django.core.checks import Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
 
 from .conf import idempotency_settings
 from .policy import MODES
+from .problems import documentation_url
 
 MIDDLEWARE_PATH = "idempotency.middleware.IdempotencyMiddleware"
 MUST_COME_BEFORE = (
@@ -58,4 +59,30 @@ def check_settings(app_configs=None, **kwargs):
     for name, value in numbers.items():
         if not isinstance(value, int) or value <= 0:
             errors.append(Error(f"IDEMPOTENCY[{name!r}] must be a positive number of seconds.", id="idempotency.E006"))
+    errors.extend(_check_cache_alias())
     return errors
+
+
+def _check_cache_alias():
+    from .stores.cached import CachedStore
+
+    store, alias = idempotency_settings.STORE, idempotency_settings.CACHE_ALIAS
+    if isinstance(store, type) and issubclass(store, CachedStore) and alias not in settings.CACHES:
+        return [Error(
+            f"IDEMPOTENCY['CACHE_ALIAS'] is {alias!r}, which is not in CACHES ({sorted(settings.CACHES)}).",
+            hint="Name a configured cache, or use idempotency.stores.db.DatabaseStore.",
+            id="idempotency.E007",
+        )]
+    return []
+
+
+@register(Tags.urls)
+def check_problem_documentation(app_configs=None, **kwargs):
+    if documentation_url("urn:problem:idempotency-key-missing") is None:
+        return [Warning(
+            "The idempotency problem types have no documentation URL: problem responses go out without "
+            'a Link: rel="describedby" header.',
+            hint='Add path("idempotency/", include("idempotency.urls")) to the project\'s URLs.',
+            id="idempotency.W001",
+        )]
+    return []

@@ -66,8 +66,10 @@ DEFAULTS = {
     "DEFAULT_POLICY": "optional",
     # How long a key is remembered (seconds); an expired record counts as absent.
     "TTL": 24 * 3600,
-    # How long a request owns its key while it runs; after that a retry may take it over.
+    # How long a request owns its key without a sign of life; after that a retry may take it over.
     "LEASE_SECONDS": 60,
+    # Renew a running request's lease every LEASE_SECONDS / 3, so that only a dead one loses it.
+    "HEARTBEAT": True,
     "STORE": "idempotency.stores.db.DatabaseStore",
     # Cache alias for idempotency.stores.cached.CachedStore (completed replays without a query).
     "CACHE_ALIAS": "default",

@@ -3,14 +3,18 @@ from __future__ import annotations
 
 import functools
 import json
+import uuid
+
+from django.core.exceptions import ImproperlyConfigured
 
 from .conf import idempotency_settings
 from .exceptions import IdempotencyInProgress, IdempotencyKeyMismatch
 from .execution import run_leased, transaction_aliases
 from .fingerprint import call_fingerprint
-from .keys import IdemKey
+from .keys import IdemKey, InvalidKey
 from .policy import ATTRIBUTE, REQUIRED, ViewPolicy
 from .responses import StoredResponse
+from .scope import checked_scope
 from .stores.base import Outcome
 
 
@@ -25,6 +29,14 @@ def idempotency_key(mode: str = REQUIRED, **options):
     policy = ViewPolicy(mode=mode, **options)
 
     def mark(view):
+        # Its own marker only: a class may override the one it inherits. A function wrapped by
+        # another decorator carries the inner marker in its __dict__ (functools.wraps copies it).
+        existing = vars(view).get(ATTRIBUTE) if hasattr(view, "__dict__") else None
+        if existing is not None and existing != policy:
+            raise ImproperlyConfigured(
+                f"{getattr(view, '__qualname__', view)!r} is marked twice with contradictory idempotency "
+                f"policies ({existing.mode!r} and {policy.mode!r}); keep one @idempotency_key marker."
+            )
         setattr(view, ATTRIBUTE, policy)
         return view
 
@@ -56,8 +68,10 @@ def idempotent(*, operation: str, key="idempotency_key", scope=None, lease_secon
                     raise TypeError(f"{func.__qualname__}() needs the keyword argument {key!r} (the idempotency key)")
                 idem_key = kwargs[key]
                 fingerprint_kwargs = {k: v for k, v in kwargs.items() if k != key}
-            idem_key = idem_key if isinstance(idem_key, IdemKey) else IdemKey(str(idem_key))
-            call_scope = f"fn:{operation}" + (f":{scope(*args, **kwargs)}" if scope else "")
+            idem_key = call_key(idem_key, func)
+            call_scope = f"fn:{operation}"
+            if scope:
+                call_scope += ":" + checked_scope(scope(*args, **kwargs), f"The scope of {func.__qualname__}()")
 
             store = idempotency_settings.STORE()
             acquisition = store.acquire(
@@ -75,17 +89,34 @@ def idempotent(*, operation: str, key="idempotency_key", scope=None, lease_secon
                 raise IdempotencyInProgress(retry_after=acquisition.retry_after)
             if acquisition.outcome is Outcome.MISMATCH:
                 raise IdempotencyKeyMismatch(f"Key {idem_key} of {operation!r} was used with other arguments.")
+            lease_for = lease_seconds or idempotency_settings.LEASE_SECONDS
             return run_leased(
                 store,
                 acquisition.lease,
                 lambda: func(*args, **kwargs),
                 _stored_result,
                 aliases=transaction_aliases(func, atomic=atomic),
-            )
+                lease_seconds=lease_for,
+            ).result
 
         return wrapper
 
     return decorator
+
+
+def call_key(value, func) -> IdemKey:
+    """A call's key: an IdemKey, or a str, int or UUID made into one. A missing key (None) is
+    refused: as the string "None" it would make unrelated calls share one key."""
+    if isinstance(value, IdemKey):
+        return value
+    if value is None:
+        raise InvalidKey(f"{func.__qualname__}() was called without an idempotency key (it is None).")
+    if isinstance(value, bool) or not isinstance(value, (str, int, uuid.UUID)):
+        raise InvalidKey(
+            f"{func.__qualname__}() got an idempotency key of type {type(value).__name__}; "
+            "pass a str, int, UUID or IdemKey."
+        )
+    return IdemKey(str(value))
 
 
 def _stored_result(result) -> StoredResponse:

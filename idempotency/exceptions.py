@@ -5,6 +5,29 @@ class IdempotencyError(Exception):
     status = 400
     title = "Idempotency error"
     type = "about:blank"
+    # What a client should do about it: shown on the problem type's documentation page.
+    remedy = ""
+
+
+class IdempotencyKeyMissing(IdempotencyError):
+    """A view that requires a key was called without one."""
+
+    status = 400
+    title = "Idempotency-Key missing"
+    type = "urn:problem:idempotency-key-missing"
+    remedy = (
+        "Send the header with a new unique key (a UUID, say) per operation, and the same key on every "
+        "retry of that operation."
+    )
+
+
+class IdempotencyKeyInvalid(IdempotencyError):
+    """The key is empty, too long, or not printable ASCII."""
+
+    status = 400
+    title = "Invalid Idempotency-Key"
+    type = "urn:problem:idempotency-key-invalid"
+    remedy = "Use 1 to 255 printable ASCII characters, bare or as an RFC 8941 quoted string."
 
 
 class IdempotencyKeyMismatch(IdempotencyError):
@@ -13,6 +36,7 @@ class IdempotencyKeyMismatch(IdempotencyError):
     status = 422
     title = "Idempotency-Key reused with another request"
     type = "urn:problem:idempotency-key-mismatch"
+    remedy = "Retry with exactly the request first sent under this key, or use a new key for a new request."
 
 
 class IdempotencyInProgress(IdempotencyError):
@@ -21,6 +45,10 @@ class IdempotencyInProgress(IdempotencyError):
     status = 409
     title = "A request with this Idempotency-Key is in progress"
     type = "urn:problem:idempotency-in-progress"
+    remedy = (
+        "Wait for the seconds in Retry-After, then retry with the same key: you will get the first "
+        "request's answer."
+    )
 
     def __init__(self, message: str = "", retry_after: int = 1):
         super().__init__(message or f"Retry after {retry_after} s.")
@@ -33,3 +61,10 @@ class LeaseLost(IdempotencyError):
     status = 409
     title = "The Idempotency-Key was taken over by a retry"
     type = "urn:problem:idempotency-lease-lost"
+    remedy = 'Retry with the same key: you will get the answer of the request that took the key over.'
+
+
+def documented_errors() -> dict[str, type[IdempotencyError]]:
+    """The problem types of this app by their slug (`urn:problem:<slug>`), for their pages."""
+    errors = [IdempotencyKeyMissing, IdempotencyKeyInvalid, IdempotencyKeyMismatch, IdempotencyInProgress, LeaseLost]
+    return {error.type.rpartition(":")[2]: error for error in errors}

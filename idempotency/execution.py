@@ -8,6 +8,7 @@ effects, and never effects that a retry would repeat.
 """
 from __future__ import annotations
 
+import enum
 import logging
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from typing import Callable
 from django.db import connections, router, transaction
 
 from .exceptions import LeaseLost
+from .heartbeat import keeper
 from .keys import IdemKey
 from .models import IdempotencyRecord
 from .responses import StoredResponse
@@ -46,33 +48,78 @@ def transaction_aliases(view_func, *, atomic: bool) -> list[str]:
     return aliases
 
 
+class Verdict(enum.Enum):
+    """What becomes of a key whose work produced no answer to store."""
+
+    FAIL = "fail"  # effects may exist: the same request may run again, another one is refused
+    RELEASE = "release"  # refused before any effect: the key is free again, fingerprint included
+
+
+@dataclass(frozen=True, slots=True)
+class Ran:
+    result: object
+    stored: bool  # False: the answer could not be stored and the work's effects stand
+
+
 def run_leased(
     store: BaseStore,
     lease: Lease,
     work: Callable[[], object],
-    to_stored: Callable[[object], StoredResponse | None],
+    to_stored: Callable[[object], StoredResponse | Verdict],
     *,
     aliases: list[str],
-):
-    """Run `work` under `lease` and store `to_stored(result)` (None: not storable, the key
-    is released for a retry). Raises LeaseLost, rolling the work back, when the work ran in
-    a transaction and another request took the key over meanwhile."""
-    stored = None
+    lease_seconds: int,
+    on_error: Callable[[BaseException], Verdict] = lambda exc: Verdict.FAIL,
+) -> Ran:
+    """Run `work` under `lease`, renewed while it runs, and store `to_stored(result)` (or settle
+    the key by its Verdict). Raises LeaseLost, rolling the work back, when the work ran in a
+    transaction and another request took the key over meanwhile. Outside a transaction the
+    effects stand whatever happens to the answer: `Ran.stored` says whether it was stored.
+    An exception from the work settles the key by `on_error(exc)` (after any rollback) and
+    propagates."""
+    stored = True
+    with keeper.hold(store, lease, lease_seconds):
+        try:
+            with ExitStack() as stack:
+                for alias in aliases:
+                    stack.enter_context(transaction.atomic(using=alias))
+                result = work()
+                answer = to_stored(result)
+                if isinstance(answer, StoredResponse):
+                    stored = _complete(store, lease, answer, in_transaction=bool(aliases))
+        except BaseException as exc:
+            _settle(store.release if on_error(exc) is Verdict.RELEASE else store.fail, lease)
+            raise
+    if not isinstance(answer, StoredResponse):
+        _settle(store.release if answer is Verdict.RELEASE else store.fail, lease)
+    return Ran(result, stored)
+
+
+def _complete(store: BaseStore, lease: Lease, answer: StoredResponse, *, in_transaction: bool) -> bool:
+    if in_transaction:
+        # A failure raises and rolls the work back with the answer: a retry is safe.
+        if not store.complete(lease, answer):
+            raise LeaseLost("This request outlived its lease and a retry took the key over; "
+                            "its effects were rolled back.")
+        return True
+    # Outside a transaction the effects stand: the client gets its answer even when it cannot be
+    # stored, rather than an error that invites a retry into a second execution.
     try:
-        with ExitStack() as stack:
-            for alias in aliases:
-                stack.enter_context(transaction.atomic(using=alias))
-            result = work()
-            stored = to_stored(result)
-            if stored is not None and not store.complete(lease, stored):
-                if aliases:
-                    raise LeaseLost("This request outlived its lease and a retry took the key over; "
-                                    "its effects were rolled back.")
-                # Outside a transaction the effects stand; the new owner's answer is kept.
-                logger.warning("idempotency lease of %s %s lost; answer not stored", lease.scope, lease.key)
-    except BaseException:
-        store.fail(lease)
-        raise
-    if stored is None:
-        store.fail(lease)
-    return result
+        if store.complete(lease, answer):
+            return True
+        logger.warning("idempotency lease of %s %s lost to a retry; this answer is not stored",
+                       lease.scope, lease.key)
+    except Exception:
+        logger.exception("idempotency answer of %s %s could not be stored; the client gets it unstored",
+                         lease.scope, lease.key)
+    return False
+
+
+def _settle(end: Callable[[Lease], bool], lease: Lease) -> None:
+    """Fail or release a key. Bookkeeping never replaces the work's own answer or error: if the
+    database refuses, the lease simply expires."""
+    try:
+        end(lease)
+    except Exception:
+        logger.exception("idempotency lease of %s %s could not be settled; it expires by itself",
+                         lease.scope, lease.key)

@@ -1,9 +1,37 @@
-"""Fingerprints tell a retry of a request from another request under the same key."""
+"""Fingerprints tell a retry of a request from another request under the same key.
+
+A request's body is fingerprinted before any other code reads it (the middleware does it in
+`__call__`, ahead of every middleware's `process_view`: the CSRF check and DRF's session
+authentication parse multipart bodies, which consumes the stream). The body stays readable
+for the view:
+- a body within DATA_UPLOAD_MAX_MEMORY_SIZE is read as `request.body` (Django keeps it);
+- a larger one is hashed as a stream, in chunks, and left on a spooled temporary file that
+  the view reads as if nobody had (memory stays bounded, uploaded files included).
+
+Canonical forms, so that a retry that means the same matches: JSON bodies held in memory are
+re-serialised with sorted keys; a multipart body's random boundary is replaced by a constant
+(a client resending a form builds a new one). Other bodies count by their raw bytes.
+"""
 from __future__ import annotations
 
 import hashlib
 import json
+import re
+import tempfile
+from typing import Iterable, Iterator
 from urllib.parse import parse_qsl, urlencode
+
+from django.conf import settings
+
+CHUNK = 64 * 1024
+# Bodies above this are hashed as a stream when DATA_UPLOAD_MAX_MEMORY_SIZE is None (no limit).
+DEFAULT_MEMORY_LIMIT = 2_621_440
+_BOUNDARY = re.compile(r'boundary="?([^";,]+)"?', re.IGNORECASE)
+_CANONICAL_BOUNDARY = b"--idempotency-boundary"
+
+
+class BodyUnavailable(RuntimeError):
+    """The body was consumed before it could be fingerprinted, and cannot be rebuilt."""
 
 
 def canonical_json(value) -> bytes:
@@ -16,23 +44,135 @@ def canonical_query(query_string: str) -> str:
     return urlencode(sorted(pairs))
 
 
+def multipart_delimiter(content_type: str) -> bytes | None:
+    if not (content_type or "").lower().startswith("multipart/"):
+        return None
+    match = _BOUNDARY.search(content_type)
+    return b"--" + match.group(1).encode("latin-1", "replace") if match else None
+
+
+def _replaced(chunks: Iterable[bytes], old: bytes, new: bytes) -> Iterator[bytes]:
+    """The chunks with every `old` replaced by `new`, also where `old` spans two chunks."""
+    carry = b""
+    for chunk in chunks:
+        data = (carry + chunk).replace(old, new)
+        # Keep back what could be the start of `old`, to be completed by the next chunk.
+        keep = len(old) - 1
+        carry, data = (data[-keep:], data[:-keep]) if keep and len(data) > keep else (data, b"")
+        if data:
+            yield data
+    if carry:
+        yield carry
+
+
+def canonical_chunks(chunks: Iterable[bytes], content_type: str) -> Iterable[bytes]:
+    delimiter = multipart_delimiter(content_type)
+    return _replaced(chunks, delimiter, _CANONICAL_BOUNDARY) if delimiter else chunks
+
+
 def canonical_body(body: bytes, content_type: str) -> bytes:
-    """JSON re-serialised with sorted keys and no spacing; any other body as its raw bytes."""
+    """JSON re-serialised with sorted keys and no spacing; multipart with a constant
+    boundary; any other body as its raw bytes."""
     if "json" in (content_type or "").lower() and body:
         try:
             return canonical_json(json.loads(body))
         except (ValueError, RecursionError):
             pass  # not JSON after all: the raw bytes still identify the request
-    return body
+    return b"".join(canonical_chunks([body], content_type))
 
 
-def request_fingerprint(request) -> str:
+def _memory_limit() -> int:
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    return DEFAULT_MEMORY_LIMIT if limit is None else limit
+
+
+def _fits_in_memory(request) -> bool:
+    stream = request._stream
+    if hasattr(stream, "seekable") and stream.seekable():
+        # ASGI: Django spooled the body already; its real size counts (a chunked request
+        # declares none).
+        start = stream.tell()
+        size = stream.seek(0, 2) - start
+        stream.seek(start)
+    else:
+        try:
+            size = int(request.META.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            return False
+    return size <= _memory_limit()
+
+
+def _hash_stream(request, digest, content_type: str) -> None:
+    """Hash the unread stream in chunks and leave an equivalent unread stream in its place."""
+    stream = request._stream
+    seekable = hasattr(stream, "seekable") and stream.seekable()
+    # ASGI spooled the body already: rewind it after. WSGI's is one pass: keep a spooled copy.
+    start = stream.tell() if seekable else 0
+    copy = None if seekable else tempfile.SpooledTemporaryFile(max_size=_memory_limit())
+
+    def chunks():
+        while chunk := stream.read(CHUNK):
+            if copy is not None:
+                copy.write(chunk)
+            yield chunk
+
+    for part in canonical_chunks(chunks(), content_type):
+        digest.update(part)
+    if copy is None:
+        stream.seek(start)
+    else:
+        copy.seek(0)
+        request._stream = copy
+
+
+def _file_digest(upload) -> str:
+    digest = hashlib.sha256()
+    upload.seek(0)
+    while chunk := upload.read(CHUNK):
+        digest.update(chunk)
+    upload.seek(0)
+    return digest.hexdigest()
+
+
+def _parsed_form(request) -> Iterator[bytes]:
+    """A form that code before the middleware parsed (its stream is gone): fields, then files."""
+    yield canonical_json(sorted((k, v) for k in request.POST for v in request.POST.getlist(k)))
+    for name in sorted(request.FILES):
+        for upload in request.FILES.getlist(name):
+            yield canonical_json([name, upload.name, upload.content_type, _file_digest(upload)])
+
+
+def body_digest(request) -> bytes:
+    """The SHA-256 of the request's canonical body, leaving the body readable for the view."""
+    content_type = request.META.get("CONTENT_TYPE", "")
+    digest = hashlib.sha256()
+    if hasattr(request, "_body"):
+        digest.update(canonical_body(request._body, content_type))
+    elif not request._read_started:
+        if _fits_in_memory(request):
+            digest.update(canonical_body(request.body, content_type))
+        else:
+            _hash_stream(request, digest, content_type)
+    elif hasattr(request, "_post"):
+        for part in _parsed_form(request):
+            digest.update(len(part).to_bytes(8, "big") + part)
+    else:
+        raise BodyUnavailable(
+            "The request body was read before the idempotency middleware could fingerprint it: "
+            "code that reads it must run after IdempotencyMiddleware.__call__."
+        )
+    return digest.digest()
+
+
+def request_fingerprint(request, body: bytes | None = None) -> str:
+    """method, route, canonical query and the body's digest (`body_digest`, computed now when
+    not given)."""
     digest = hashlib.sha256()
     for part in (
         request.method.encode(),
         request.path.encode("utf-8", "surrogateescape"),
         canonical_query(request.META.get("QUERY_STRING", "")).encode(),
-        canonical_body(request.body, request.META.get("CONTENT_TYPE", "")),
+        body if body is not None else body_digest(request),
     ):
         digest.update(len(part).to_bytes(8, "big"))  # length-prefixed: no two splits collide
         digest.update(part)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import uuid
 from dataclasses import dataclass
 
@@ -24,24 +25,35 @@ def _check(value: str) -> str:
     return value
 
 
-def _unquote_sf_string(raw: str) -> str:
-    """An RFC 8941 sf-string: DQUOTE *(unescaped / "\\" DQUOTE / "\\" "\\") DQUOTE."""
+# RFC 8941 parameters after an Item: *( ";" *SP key [ "=" bare-item ] ).
+_BARE_ITEM = r'(?:-?[0-9]+(?:\.[0-9]+)?|"(?:[^"\\]|\\["\\])*"|[A-Za-z*][A-Za-z0-9!#$%&\'*+.^_`|~:/-]*|:[A-Za-z0-9+/=]*:|\?[01])'
+_PARAMETERS = re.compile(rf"(?:; *[a-z*][a-z0-9_.*-]*(?:={_BARE_ITEM})?)*")
+
+
+def _sf_string_item(raw: str) -> str:
+    """The String of an RFC 8941 Item whose bare item is an sf-string, its parameters dropped:
+    DQUOTE *(unescaped / "\\" DQUOTE / "\\" "\\") DQUOTE *(";" parameter)."""
     out = []
-    i, end = 1, len(raw) - 1
-    if len(raw) < 2 or not raw.endswith('"'):
-        raise InvalidKey("A quoted key must end with a double quote.")
-    while i < end:
+    i = 1
+    while i < len(raw):
         ch = raw[i]
         if ch == "\\":
-            if i + 1 >= end or raw[i + 1] not in '"\\':
+            if i + 1 >= len(raw) or raw[i + 1] not in '"\\':
                 raise InvalidKey('In a quoted key a backslash may only escape " or \\.')
             out.append(raw[i + 1])
             i += 2
             continue
         if ch == '"':
-            raise InvalidKey("A quoted key holds an unescaped double quote.")
+            break
         out.append(ch)
         i += 1
+    else:
+        raise InvalidKey("A quoted key must end with a double quote.")
+    parameters = raw[i + 1:]
+    if not _PARAMETERS.fullmatch(parameters):
+        raise InvalidKey(
+            f"After a quoted key only RFC 8941 parameters (;name=value) may follow, not {parameters!r}."
+        )
     return "".join(out)
 
 
@@ -59,10 +71,11 @@ class IdemKey:
 
     @classmethod
     def parse(cls, header_value: str) -> "IdemKey":
-        """A header value: a bare token, or an RFC 8941 quoted string that is unquoted."""
+        """A header value: a bare token, or an RFC 8941 Item whose String is the key (its
+        parameters, as in `"order-1";origin=app`, are ignored)."""
         raw = header_value.strip(" \t")
         if raw.startswith('"'):
-            raw = _unquote_sf_string(raw)
+            raw = _sf_string_item(raw)
         return cls(raw)
 
     @classmethod

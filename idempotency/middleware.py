@@ -9,14 +9,25 @@ from asgiref.sync import async_to_sync, iscoroutinefunction
 
 from . import metrics
 from .conf import idempotency_settings
-from .exceptions import IdempotencyInProgress, IdempotencyKeyMismatch, LeaseLost
-from .execution import IdempotencyContext, run_leased, transaction_aliases
-from .fingerprint import request_fingerprint
+from django.urls import Resolver404, get_resolver
+
+from .exceptions import (
+    IdempotencyInProgress,
+    IdempotencyKeyInvalid,
+    IdempotencyKeyMismatch,
+    IdempotencyKeyMissing,
+    LeaseLost,
+)
+from .execution import IdempotencyContext, Verdict, run_leased, transaction_aliases
+from .fingerprint import body_digest, request_fingerprint
 from .keys import IdemKey, InvalidKey
 from .policy import OPTIONAL, policy_for
-from .problems import problem, problem_from_error
-from .responses import capture, is_storable, replay
+from .problems import problem_from_error
+from .responses import STORED_HEADER, StoredResponse, capture, is_refusal, is_storable, refused_status, replay
+from .scope import resolve_scope
 from .stores.base import Outcome
+
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS", "TRACE")
 
 
 def call_view(view_func, request, args, kwargs):
@@ -31,8 +42,27 @@ def call_view(view_func, request, args, kwargs):
     return response
 
 
-def storable_response(response):
-    return capture(response) if is_storable(response) else None
+def answer_of(response) -> StoredResponse | Verdict:
+    if is_storable(response):
+        return capture(response)
+    return Verdict.RELEASE if is_refusal(response) else Verdict.FAIL
+
+
+def error_verdict(exc: BaseException) -> Verdict:
+    """An exception Django answers with a refusal (400, 403) frees the key like that refusal."""
+    status = refused_status(exc)
+    return Verdict.RELEASE if status in idempotency_settings.NOT_STORED_STATUSES else Verdict.FAIL
+
+
+def covered_view(request):
+    """The view a keyed, unsafe request is routed to, when its policy covers the request."""
+    if request.method in SAFE_METHODS or idempotency_settings.HEADER not in request.headers:
+        return None
+    try:
+        match = get_resolver(getattr(request, "urlconf", None)).resolve(request.path_info)
+    except Resolver404:
+        return None
+    return match.func if policy_for(match.func, request.method) is not None else None
 
 
 class IdempotencyMiddleware:
@@ -40,6 +70,10 @@ class IdempotencyMiddleware:
         self.get_response = get_response
 
     def __call__(self, request):
+        # Fingerprint the body now, before any process_view (the CSRF check, DRF's session
+        # authentication) parses a multipart body and consumes its stream.
+        if covered_view(request) is not None:
+            request._idempotency_body = body_digest(request)
         return self.get_response(request)
 
     def process_view(self, request, view_func, view_args, view_kwargs):
@@ -50,25 +84,25 @@ class IdempotencyMiddleware:
         raw_key = request.headers.get(header)
         if raw_key is None and policy.mode == OPTIONAL:
             return None
-        scope = idempotency_settings.SCOPE_RESOLVER().resolve(request, view_func)
+        scope = resolve_scope(request, view_func)
         if scope is None:
             return None  # not authenticated: the view refuses the request, nothing is stored
         if raw_key is None:
             metrics.count("invalid")
-            return problem(400, f"This endpoint requires an {header} header.",
-                           title=f"{header} missing", type="urn:problem:idempotency-key-missing")
+            return problem_from_error(IdempotencyKeyMissing(f"This endpoint requires an {header} header."))
         try:
             key = IdemKey.parse(raw_key)
         except InvalidKey as exc:
             metrics.count("invalid")
-            return problem(400, str(exc), title=f"Invalid {header}", type="urn:problem:idempotency-key-invalid")
+            return problem_from_error(IdempotencyKeyInvalid(str(exc)))
 
         store = idempotency_settings.STORE()
+        lease_seconds = policy.lease_seconds or idempotency_settings.LEASE_SECONDS
         acquisition = store.acquire(
             scope=scope,
             key=key.value,
-            fingerprint=request_fingerprint(request),
-            lease_seconds=policy.lease_seconds or idempotency_settings.LEASE_SECONDS,
+            fingerprint=request_fingerprint(request, getattr(request, "_idempotency_body", None)),
+            lease_seconds=lease_seconds,
             ttl_seconds=policy.ttl_seconds or idempotency_settings.TTL,
             method=request.method,
             path=request.get_full_path()[:2048],
@@ -88,13 +122,19 @@ class IdempotencyMiddleware:
         metrics.count("takeover" if acquisition.takeover else "miss")
         request.idempotency = IdempotencyContext(scope, key, acquisition.lease, acquisition.takeover)
         try:
-            return run_leased(
+            ran = run_leased(
                 store,
                 acquisition.lease,
                 lambda: call_view(view_func, request, view_args, view_kwargs),
-                storable_response,
+                answer_of,
                 aliases=transaction_aliases(view_func, atomic=policy.atomic),
+                lease_seconds=lease_seconds,
+                on_error=error_verdict,
             )
         except LeaseLost as exc:
             metrics.count("lease_lost")
             return problem_from_error(exc)
+        if not ran.stored:
+            metrics.count("not_stored")
+            ran.result[STORED_HEADER] = "false"
+        return ran.result

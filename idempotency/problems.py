@@ -5,10 +5,12 @@ import json
 from http import HTTPStatus
 
 from django.http import HttpResponse
+from django.urls import NoReverseMatch, reverse
 from django.views import defaults
 
 CONTENT_TYPE = "application/problem+json"
 API_PREFIX = "/api/"
+DOCS_URL_NAME = "idempotency-problem"
 
 
 def problem_body(status: int, detail: str = "", *, title: str | None = None, type: str = "about:blank", **extra):
@@ -22,12 +24,26 @@ def problem(status: int, detail: str = "", *, title: str | None = None, type: st
     return HttpResponse(json.dumps(body), status=status, content_type=CONTENT_TYPE)
 
 
+def documentation_url(problem_type: str) -> str | None:
+    """The page that documents a problem type of this app (idempotency.urls), when the project
+    includes those URLs; None otherwise (the checks warn about it)."""
+    slug = problem_type.rpartition(":")[2]
+    try:
+        return reverse(DOCS_URL_NAME, kwargs={"slug": slug})
+    except NoReverseMatch:
+        return None
+
+
 def problem_from_error(error) -> HttpResponse:
-    """An IdempotencyError (or subclass) as its problem response."""
+    """An IdempotencyError (or subclass) as its problem response, linked to its documentation
+    (`Link: <...>; rel="describedby"`, as the Idempotency-Key draft recommends)."""
     response = problem(error.status, str(error), title=error.title, type=error.type)
     retry_after = getattr(error, "retry_after", None)
     if retry_after is not None:
         response["Retry-After"] = str(retry_after)
+    url = documentation_url(error.type)
+    if url is not None:
+        response["Link"] = f'<{url}>; rel="describedby"'
     return response
 
 
@@ -47,6 +63,20 @@ def drf_exception_handler(exc, context):
     response.data = problem_body(response.status_code, detail, **extra)
     response.content_type = CONTENT_TYPE
     return response
+
+
+def problem_handler400(request, exception=None):
+    """handler400: a refused request on the API (a body over DATA_UPLOAD_MAX_MEMORY_SIZE, too
+    many fields...) gets a problem, never an HTML page."""
+    if request.path.startswith(API_PREFIX):
+        return problem(400, "The request could not be read: it is malformed or over the server's size limits.")
+    return defaults.bad_request(request, exception)
+
+
+def problem_handler403(request, exception=None):
+    if request.path.startswith(API_PREFIX):
+        return problem(403, "You may not do this.")
+    return defaults.permission_denied(request, exception)
 
 
 def problem_handler404(request, exception):

@@ -3,11 +3,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from django.core.exceptions import BadRequest, PermissionDenied, SuspiciousOperation
 from django.http import HttpResponse
+from django.http.multipartparser import MultiPartParserError
 
 from .conf import idempotency_settings
 
 REPLAYED_HEADER = "Idempotent-Replayed"
+# On an answer that could not be stored (its effects stand): "false". A retry would run again.
+STORED_HEADER = "Idempotency-Stored"
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +29,22 @@ def is_storable(response) -> bool:
     if 200 <= status < 300:
         return True
     return 400 <= status < 500 and status not in idempotency_settings.NOT_STORED_STATUSES
+
+
+def is_refusal(response) -> bool:
+    """A refusal that comes before the view's work (validation, authentication, throttling...):
+    it has no effects to protect, so its key is freed for a corrected request."""
+    return not getattr(response, "streaming", False) and response.status_code in idempotency_settings.NOT_STORED_STATUSES
+
+
+def refused_status(exc: BaseException) -> int | None:
+    """The status Django answers an exception with when it is a refusal (its handler's 400 and
+    403), else None."""
+    if isinstance(exc, PermissionDenied):
+        return 403
+    if isinstance(exc, (BadRequest, SuspiciousOperation, MultiPartParserError)):
+        return 400
+    return None
 
 
 def capture(response) -> StoredResponse:

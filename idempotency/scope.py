@@ -6,6 +6,10 @@ authenticates it here with the view's own authenticators, then hands the result 
 """
 from __future__ import annotations
 
+from django.core.exceptions import ImproperlyConfigured
+
+from .conf import idempotency_settings
+
 
 def drf_view_class(view_func):
     cls = getattr(view_func, "cls", None)
@@ -56,4 +60,28 @@ class UserScopeResolver:
         principal = self.principal(request, authenticate(request, view_func))
         if principal is None:
             return None
-        return f"{self.tenant(request)}:{principal}"
+        tenant = self.tenant(request)
+        if not tenant or not principal:
+            raise ImproperlyConfigured(
+                f"{type(self).__qualname__} resolved tenant {tenant!r} and principal {principal!r}: both "
+                "must be non-empty, or every request of that tenant would share one keyspace."
+            )
+        return f"{tenant}:{principal}"
+
+
+def checked_scope(scope, source) -> str:
+    """A scope as a resolver returned it, refused when empty: an empty scope is one keyspace
+    shared by every caller, where one user's key would replay another's answer."""
+    if not isinstance(scope, str) or not scope.strip():
+        raise ImproperlyConfigured(
+            f"{source} returned the scope {scope!r}: a scope must be a non-empty string that names "
+            "one principal (a resolver returns None to leave a request without idempotency)."
+        )
+    return scope
+
+
+def resolve_scope(request, view_func) -> str | None:
+    """The request's scope by the configured resolver; None: no idempotency (anonymous)."""
+    resolver = idempotency_settings.SCOPE_RESOLVER()
+    scope = resolver.resolve(request, view_func)
+    return None if scope is None else checked_scope(scope, type(resolver).__qualname__)

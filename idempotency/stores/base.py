@@ -57,8 +57,18 @@ class BaseStore:
         raise NotImplementedError("subclasses of BaseStore must provide a complete() method")
 
     def fail(self, lease: Lease) -> bool:
-        """Release the lease without an answer, so that a retry executes again."""
+        """End the lease without an answer: a retry with the same request executes again, and
+        another request under the key is still refused (the failed attempt may have had effects)."""
         raise NotImplementedError("subclasses of BaseStore must provide a fail() method")
+
+    def release(self, lease: Lease) -> bool:
+        """Forget the key as if it had never been used: the request was refused before it did
+        anything (a 400, 401, 403...), so a corrected request may use the key."""
+        raise NotImplementedError("subclasses of BaseStore must provide a release() method")
+
+    def renew(self, lease: Lease, lease_seconds: int) -> bool:
+        """Extend a held lease by `lease_seconds` from now; False when it is no longer held."""
+        raise NotImplementedError("subclasses of BaseStore must provide a renew() method")
 
     def evict(self, *, scope: str, key: str) -> None:
         """Forget the key at once (admin action)."""

@@ -14,6 +14,7 @@ from .base import Acquisition, BaseStore, Lease, Outcome
 State = IdempotencyRecord.State
 # A record can change under us between the failed INSERT and the read; a few rounds settle it.
 MAX_ROUNDS = 5
+CLEANUP_BATCH = 1000
 
 
 class DatabaseStore(BaseStore):
@@ -104,10 +105,22 @@ class DatabaseStore(BaseStore):
     def fail(self, lease):
         return bool(self._held(lease).update(state=State.FAILED, lease_expires_at=None))
 
+    def release(self, lease):
+        deleted, _ = self._held(lease).delete()
+        return bool(deleted)
+
+    def renew(self, lease, lease_seconds):
+        return bool(self._held(lease).update(lease_expires_at=self.now() + timedelta(seconds=lease_seconds)))
+
     def evict(self, *, scope, key):
         IdempotencyRecord.objects.filter(scope=scope, key=key).delete()
 
     @classmethod
     def clear_expired(cls):
-        deleted, _ = IdempotencyRecord.objects.filter(expires_at__lte=cls.now()).delete()
+        # In batches: deleting sends post_delete per record (signals.py), which loads the rows.
+        now, deleted = cls.now(), 0
+        expired = IdempotencyRecord.objects.filter(expires_at__lte=now)
+        while batch := list(expired.values_list("pk", flat=True)[:CLEANUP_BATCH]):
+            count, _ = IdempotencyRecord.objects.filter(pk__in=batch).only("pk", "scope", "key").delete()
+            deleted += count
         return deleted

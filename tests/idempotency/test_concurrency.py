@@ -108,7 +108,27 @@ def post_as(user, path, key):
     return client.post(path, data="{}", content_type="application/json", HTTP_IDEMPOTENCY_KEY=key)
 
 
-def test_expired_lease_is_taken_over_and_stale_completion_is_refused(user):
+@pytest.fixture
+def dead_heartbeat(settings):
+    """A stalled request whose lease is no longer renewed: what a killed process leaves."""
+    settings.IDEMPOTENCY = {"HEARTBEAT": False}
+
+
+def test_slow_live_request_keeps_its_key_past_its_lease(user):
+    """The heartbeat renews a running request's 1 s lease: a retry 2.5 s later is still told
+    to wait, the view runs once, and the retry then gets its answer."""
+    stalled = StalledRequest(user, "/t/gated/?gate=g", "slow-live", "gated")
+    for _ in range(5):
+        time.sleep(0.5)
+        busy = post_as(user, "/t/gated/?gate=g", "slow-live")
+        assert busy.status_code == 409, busy.content
+    assert stalled.release().status_code == 201
+    replay = post_as(user, "/t/gated/?gate=g", "slow-live")
+    assert replay["Idempotent-Replayed"] == "true" and replay.json()["n"] == 1
+    assert views.CALLS["gated"] == 1
+
+
+def test_expired_lease_is_taken_over_and_stale_completion_is_refused(user, dead_heartbeat):
     """A request stalls past its 1 s lease; a retry takes the key over and completes; the
     stale request's late completion does not overwrite the retry's answer."""
     stalled = StalledRequest(user, "/t/gated/?gate=g", "slow", "gated")
@@ -128,7 +148,7 @@ def test_expired_lease_is_taken_over_and_stale_completion_is_refused(user):
     reason="SQLite holds one write lock for a whole transaction: no retry can take a key over while an "
     "atomic view runs, so this race exists only on a server database",
 )
-def test_atomic_view_that_lost_its_lease_rolls_back(user):
+def test_atomic_view_that_lost_its_lease_rolls_back(user, dead_heartbeat):
     stalled = StalledRequest(user, "/t/atomic/?gate=g", "atomic-slow", "atomic")
     time.sleep(1.1)  # let the stalled request's lease expire
     assert post_as(user, "/t/atomic/?gate=g", "atomic-slow").status_code == 201

@@ -1,7 +1,7 @@
 from django.urls import include, path
 from rest_framework.routers import SimpleRouter
 
-from config.urls import handler404, handler500, urlpatterns as project_urls  # noqa: F401
+from config.urls import handler400, handler403, handler404, handler500, urlpatterns as project_urls  # noqa: F401
 
 from . import views
 
@@ -19,6 +19,9 @@ urlpatterns = [
     path("t/gated/", views.gated),
     path("t/plain-effect/", views.plain_effect),
     path("t/drf/", views.DrfCreate.as_view()),
+    path("t/form-upload/", views.form_upload),
+    path("t/drf-upload/", views.DrfUpload.as_view()),
+    path("t/raw-stream/", views.raw_stream),
     path("t/drf-func/", views.drf_function),
     path("t/django-class/", views.PlainClassView.as_view()),
     path("t/", include(router.urls)),

@@ -8,6 +8,7 @@ from django.utils.decorators import method_decorator
 from django.views import View
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import viewsets
+from rest_framework.authentication import SessionAuthentication
 from rest_framework.decorators import action, api_view
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -148,3 +149,36 @@ class PlainClassView(View):
 
     def put(self, request):
         return JsonResponse({"n": executed("django-class-put")}, status=200)
+
+
+def upload_summary(request, counter):
+    """What a form upload carried: its fields and each file's name and size."""
+    files = {name: [(f.name, f.size) for f in request.FILES.getlist(name)] for name in request.FILES}
+    return {"n": executed(counter), "fields": request.POST.dict(), "files": files}
+
+
+@idempotency_key("required")
+def form_upload(request):
+    """A plain Django view behind the CSRF check (not exempt): a session-authenticated form."""
+    return JsonResponse(upload_summary(request, "form-upload"), status=201)
+
+
+class DrfUpload(APIView):
+    """Session authentication, so DRF enforces CSRF (X-CSRFToken) and parses the body early."""
+
+    authentication_classes = [SessionAuthentication]
+
+    @idempotency_key("optional")
+    def post(self, request):
+        files = {name: [f.size for f in request.FILES.getlist(name)] for name in request.FILES}
+        return Response({"n": executed("drf-upload"), "data": request.POST.dict(), "files": files}, status=201)
+
+
+@idempotency_key("required")
+@csrf_exempt
+def raw_stream(request):
+    """Reads its body as a stream, in chunks, as a view taking large uploads does."""
+    size = 0
+    while chunk := request.read(65536):
+        size += len(chunk)
+    return JsonResponse({"n": executed("raw-stream"), "size": size}, status=201)

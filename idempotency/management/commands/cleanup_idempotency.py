@@ -8,4 +8,5 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         deleted = idempotency_settings.STORE.clear_expired()
-        self.stdout.write(f"Deleted {deleted} expired idempotency record(s).")
+        if options["verbosity"] > 0:
+            self.stdout.write(f"Deleted {deleted} expired idempotency record(s).")
