@@ -7,3 +7,10 @@ class HeaderScopeResolver(UserScopeResolver):
     def resolve(self, request, view_func):
         principal = request.headers.get("X-Principal")
         return f"{self.tenant(request)}:{principal}" if principal else None
+
+
+class EmptyScopeResolver(UserScopeResolver):
+    """A broken resolver: one scope for everybody."""
+
+    def resolve(self, request, view_func):
+        return ""

@@ -75,3 +75,72 @@ def test_operations_have_separate_keyspaces():
 
     charge(invoice_id=3, amount=1, idempotency_key="same")
     assert other(idempotency_key="same") == "other"
+
+
+@pytest.mark.parametrize("missing", [
+    {"idempotency_key": None},
+    {"idempotency_key": b"bytes-are-not-a-key"},
+])
+def test_a_missing_or_unusable_key_is_refused_before_running(missing):
+    from idempotency.keys import InvalidKey
+
+    with pytest.raises(InvalidKey, match="charge"):
+        charge(invoice_id=5, amount=1, **missing)
+    assert calls == [] and not IdempotencyRecord.objects.exists()
+
+
+def test_a_key_callable_returning_none_is_refused():
+    from idempotency.keys import InvalidKey
+
+    @idempotent(operation="by-field", key=lambda order: order.get("ref"))
+    def ship(order):
+        calls.append(order["n"])
+        return order["n"]
+
+    for n in (1, 2):  # two unrelated calls without a reference never share a key
+        with pytest.raises(InvalidKey, match="None"):
+            ship({"n": n})
+    assert calls == []
+
+
+def test_an_empty_scope_is_refused():
+    from django.core.exceptions import ImproperlyConfigured
+
+    @idempotent(operation="tenanted", scope=lambda *, tenant, idempotency_key: tenant)
+    def act(*, tenant, idempotency_key):
+        calls.append(tenant)
+
+    with pytest.raises(ImproperlyConfigured, match="non-empty"):
+        act(tenant="", idempotency_key="t-1")
+    assert calls == []
+
+
+def test_contradictory_markers_on_one_view_are_refused_at_import():
+    from django.core.exceptions import ImproperlyConfigured
+    from django.views.decorators.csrf import csrf_exempt
+
+    from idempotency.decorators import idempotency_key
+
+    with pytest.raises(ImproperlyConfigured, match="contradictory"):
+        @idempotency_key("exempt")
+        @csrf_exempt
+        @idempotency_key("required")
+        def view(request):
+            pass
+
+    @idempotency_key("required")
+    @idempotency_key("required")
+    def same_twice(request):  # the same marker twice says one thing: allowed
+        pass
+
+    from rest_framework.views import APIView
+
+    @idempotency_key("required")
+    class Base(APIView):
+        pass
+
+    @idempotency_key("exempt")
+    class Child(Base):  # a subclass may override what it inherits
+        pass
+
+    assert Child.idempotency_policy.mode == "exempt" and Base.idempotency_policy.mode == "required"

@@ -41,6 +41,42 @@ def test_cleanup_deletes_exactly_the_expired_and_prints_the_count():
     assert "Deleted 0 expired" in out.getvalue()
 
 
+def test_cleanup_at_verbosity_0_prints_nothing():
+    record("old", -1)
+    out = StringIO()
+    call_command("cleanup_idempotency", verbosity=0, stdout=out)
+    assert out.getvalue() == ""
+    assert not IdempotencyRecord.objects.exists()
+
+
+@override_settings(IDEMPOTENCY={"STORE": "idempotency.stores.cached.CachedStore"})
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("how", ["queryset", "instance", "admin_bulk_delete", "cleanup"])
+def test_a_deleted_record_never_replays_from_the_cache(staff_client, how):
+    from idempotency.responses import StoredResponse
+
+    store = CachedStore()
+    acquisition = store.acquire(scope="-:1", key="del", fingerprint="fp", lease_seconds=10, ttl_seconds=100)
+    store.complete(acquisition.lease, StoredResponse(201, (), b"x"))
+    assert store.acquire(scope="-:1", key="del", fingerprint="fp", lease_seconds=10,
+                         ttl_seconds=100).outcome is Outcome.REPLAY  # now cached
+    records = IdempotencyRecord.objects.filter(key="del")
+    if how == "queryset":
+        records.delete()
+    elif how == "instance":
+        records.get().delete()
+    elif how == "admin_bulk_delete":
+        response = staff_client.post("/admin/idempotency/idempotencyrecord/", {
+            "action": "delete_selected", "_selected_action": [records.get().pk], "post": "yes"}, follow=True)
+        assert response.status_code == 200
+    else:
+        records.update(expires_at=timezone.now() - timedelta(seconds=1))
+        call_command("cleanup_idempotency", verbosity=0)
+    assert not IdempotencyRecord.objects.filter(key="del").exists()
+    again = store.acquire(scope="-:1", key="del", fingerprint="fp", lease_seconds=10, ttl_seconds=100)
+    assert again.outcome is Outcome.ACQUIRED
+
+
 @pytest.fixture
 def staff_client(django_user_model):
     admin = django_user_model.objects.create_user("root", password="x", is_staff=True, is_superuser=True)
@@ -108,6 +144,23 @@ def test_settings_checks_and_accessor(settings):
     assert [e.id for e in checks.check_settings()] == ["idempotency.E003"]
     settings.IDEMPOTENCY = {"TTL": 60}
     assert idempotency_settings.TTL == 60 and idempotency_settings.LEASE_SECONDS == 60
+
+
+def test_a_cache_alias_that_is_not_configured_is_an_error_not_a_silent_fallback(settings):
+    from django.core.cache.backends.base import InvalidCacheBackendError
+
+    settings.IDEMPOTENCY = {"STORE": "idempotency.stores.cached.CachedStore", "CACHE_ALIAS": "nope"}
+    assert [e.id for e in checks.check_settings()] == ["idempotency.E007"]
+    with pytest.raises(InvalidCacheBackendError):
+        CachedStore().acquire(scope="-:1", key="k", fingerprint="fp", lease_seconds=10, ttl_seconds=100)
+    settings.IDEMPOTENCY = {"STORE": "idempotency.stores.db.DatabaseStore", "CACHE_ALIAS": "nope"}
+    assert checks.check_settings() == []  # the database store uses no cache
+
+
+def test_problem_documentation_check(settings):
+    assert checks.check_problem_documentation() == []
+    settings.ROOT_URLCONF = "tests.idempotency.urls_without_docs"
+    assert [e.id for e in checks.check_problem_documentation()] == ["idempotency.W001"]
 
 
 def test_metrics_endpoint_counts_outcomes(client):

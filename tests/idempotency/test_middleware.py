@@ -219,3 +219,77 @@ def test_cached_replay_of_a_request_makes_zero_queries():
         again = post(client, "/t/plain/", key=key)
     assert again["Idempotent-Replayed"] == "true" and again.content == first.content
     assert len(queries) == 0, [q["sql"] for q in queries]
+
+
+@pytest.mark.parametrize("code", [400, 401, 403, 408, 409, 429])
+def test_a_refusal_frees_the_key_for_the_corrected_request(client_for, user, code):
+    """Refused before the view's work (Stripe, the draft): nothing is kept, fingerprint
+    included, so the corrected request under the same key runs."""
+    client = client_for(user)
+    assert post(client, f"/t/status/{code}/", {"amount": -1}, key="fix").status_code == code
+    assert not IdempotencyRecord.objects.filter(key="fix").exists()
+    corrected = post(client, "/t/status/201/", {"amount": 10}, key="fix")
+    assert corrected.status_code == 201 and "Idempotent-Replayed" not in corrected
+
+
+def test_jobs_api_validation_error_then_corrected_request(api_client):
+    refused = api_client.post("/api/jobs/", {"domain": "nope"}, format="json", HTTP_IDEMPOTENCY_KEY="fix-job")
+    assert refused.status_code == 400
+    corrected = api_client.post("/api/jobs/", {"domain": "scan"}, format="json", HTTP_IDEMPOTENCY_KEY="fix-job")
+    assert corrected.status_code == 201, corrected.content
+
+
+@pytest.mark.parametrize("path", ["/t/status/500/", "/t/boom/"])
+def test_after_a_5xx_or_an_exception_another_body_is_still_422(user, path):
+    client = Client(raise_request_exception=False)
+    client.force_login(user)
+    assert post(client, path, {"amount": 10}, key="kept").status_code == 500
+    assert post(client, path, {"amount": 11}, key="kept").status_code == 422
+    assert post(client, path, {"amount": 10}, key="kept").status_code == 500  # the same body runs again
+
+
+def test_unstored_answer_of_a_non_atomic_view_still_reaches_the_client(client_for, user, monkeypatch, caplog):
+    """The view's effects stand: a 500 would invite a retry into a second execution."""
+    from django.db import OperationalError
+
+    from idempotency.stores.db import DatabaseStore
+
+    def broken_complete(self, lease, response):
+        raise OperationalError("the database went away")
+
+    monkeypatch.setattr(DatabaseStore, "complete", broken_complete)
+    response = post(client_for(user), "/t/plain-effect/", key="unstored")
+    assert response.status_code == 201 and response.json()["n"] == 1
+    assert response["Idempotency-Stored"] == "false"
+    assert "could not be stored" in caplog.text
+    monkeypatch.undo()
+    stored = post(client_for(user), "/t/plain/", key="stored")
+    assert "Idempotency-Stored" not in stored
+
+
+@override_settings(IDEMPOTENCY={"SCOPE_RESOLVER": "tests.idempotency.resolvers.EmptyScopeResolver"})
+def test_an_empty_scope_is_refused(client_for, user):
+    from django.core.exceptions import ImproperlyConfigured
+
+    with pytest.raises(ImproperlyConfigured, match="non-empty"):
+        post(client_for(user), "/t/plain/", key="everybody")
+    assert views.CALLS["plain"] == 0
+    assert not IdempotencyRecord.objects.exists()
+
+
+@pytest.mark.parametrize("header", ['"order-1";origin=app', '"order-1"; origin="app"; v=2', '"order-1"'])
+def test_rfc_8941_item_with_parameters_is_its_string(client_for, user, header):
+    client = client_for(user)
+    assert post(client, "/t/plain/", key="order-1").status_code == 201
+    again = post(client, "/t/plain/", key=header)
+    assert again["Idempotent-Replayed"] == "true"
+
+
+def test_problems_link_to_their_documentation(client_for, user):
+    client = client_for(user)
+    response = post(client, "/t/plain/")
+    link = response["Link"]
+    assert link.endswith('>; rel="describedby"')
+    page = client.get(link[1:link.index(">")])
+    assert page.status_code == 200
+    assert b"Idempotency-Key missing" in page.content and b"same key on every retry" in page.content
