@@ -11,7 +11,14 @@ The done stage publishes only the final seq 51 (FINAL_SEQ); 50 stays unused. Its
 the outcome: {"state": "COMPLETED" | "FAILED" | "TIMED_OUT", "final": true, ...}, so a client
 watching the job learns from the stream alone that it ended, and how.
 
-Each stage's work is simulated: it sleeps EVENTBUS["STAGE_SECONDS"] (0 in the test suite).
+Each stage's work is simulated: it sleeps EVENTBUS["STAGE_SECONDS"] (0 in the test suite), and
+a chat answer, the whole of a chat job, as long as a scan's four stages together.
+
+Every event's data carries `progress`, a percentage that rises with every event and is 100 on
+the final one: the page's bar shows the latest event's `progress`, so every event moves it.
+
+Payloads: scan reads no field (its work is simulated); chat reads `prompt`, what its answer
+is about (whitespace collapsed, first 200 characters). Other fields are ignored.
 """
 from __future__ import annotations
 
@@ -77,14 +84,23 @@ class ScanPipeline(Pipeline):
 
 
 class ChatPipeline(Pipeline):
-    """Streams a (simulated) answer in chunks; the whole answer stage takes STAGE_SECONDS."""
+    """Streams a (simulated) answer in chunks, one event per chunk.
+
+    The answer is the whole of a chat job, so it takes as long as a scan's four stages
+    (ANSWER_STAGES x STAGE_SECONDS), spread evenly over its chunks. One STAGE_SECONDS for the
+    whole answer made a chat job too quick to watch: the page's bar jumped straight to the end.
+    An answer has 7 to 10 chunks, so no chunk takes longer than a stage, which is all the run
+    lease (renewed per event, sized by STAGE_SECONDS) has to cover.
+    """
 
     domain = "chat"
+    answer_stages = len(ScanPipeline.stages)
 
     def stage_events(self):
         chunks = self.answer_chunks()
         for sub_seq, text in enumerate(chunks):
-            self.work(self.stage_seconds / len(chunks))
+            self.work(self.answer_stages * self.stage_seconds / len(chunks))
+            # Up to 90 over the chunks, strictly rising (at most 10 chunks); the final event is 100.
             progress = 90 * (sub_seq + 1) // len(chunks)
             data = {"label": "Answering", "text": text, "progress": progress}
             yield Event("answer", seq_for("answer", sub_seq), data)

@@ -6,5 +6,6 @@ DEBUG = True
 SECRET_KEY = "django-insecure-development-only-never-use-in-production"
 ALLOWED_HOSTS = ["127.0.0.1", "localhost", "[::1]"]
 SERVE_STATIC = True  # config.asgi serves /static/ itself
-# Stages long enough to watch a job move on the page.
-EVENTBUS = {**EVENTBUS, "STAGE_SECONDS": 1.0}
+# Stages long enough to watch a job move on the page: a scan's four stages, and a chat answer's
+# 7-10 chunks, take 6 s in all (eventbus/pipelines.py).
+EVENTBUS = {**EVENTBUS, "STAGE_SECONDS": 1.5}

@@ -69,6 +69,32 @@ def test_each_stage_does_its_work(monkeypatch):
     assert slept == [0.5] * 4
 
 
+@pytest.mark.parametrize("domain,payload", [("scan", {}), ("chat", {"prompt": ""}), ("chat", {"prompt": "why " * 500})])
+def test_every_event_carries_a_rising_progress_that_ends_at_100(domain, payload):
+    # The page's bar shows each event's own progress: every event carries one, chat's answer
+    # chunks included, so that the bar moves with every event and stops at 100 with the last.
+    progress = [event.data["progress"] for event in pipeline_for(domain, payload).events()]
+    assert all(isinstance(p, int) and 0 < p <= 100 for p in progress), progress
+    assert progress == sorted(set(progress)) and progress[-1] == 100
+
+
+@pytest.mark.parametrize("prompt", ["", "hi", "exactly-once delivery", "why " * 500])
+def test_in_development_a_chat_job_takes_seconds_chunk_by_chunk(monkeypatch, prompt):
+    # config.settings.dev makes a job slow enough to watch on the page: the chat answer takes
+    # as long as a scan's four stages, in one step per chunk.
+    from config.settings import dev
+
+    seconds = dev.EVENTBUS["STAGE_SECONDS"]
+    slept = []
+    monkeypatch.setattr(ChatPipeline, "sleep", staticmethod(slept.append))
+    chunks = [e for e in ChatPipeline({"prompt": prompt}, stage_seconds=seconds).events() if e.stage == "answer"]
+    assert len(slept) == len(chunks) >= 5
+    assert 5 <= sum(slept) <= 8
+    assert sum(slept) == pytest.approx(4 * seconds)  # as long as a scan job
+    # No step outlasts a stage: the run lease, renewed per event, is sized for one stage.
+    assert max(slept) <= seconds
+
+
 def test_unknown_domain_has_no_pipeline():
     with pytest.raises(LookupError, match="No pipeline for domain 'nope'"):
         pipeline_for("nope")

@@ -1,5 +1,6 @@
 // The job page: start jobs with an Idempotency-Key, resend to see the replay, and watch each
-// job over its WebSocket, resuming from the last seq received after any disconnect.
+// job over its WebSocket, resuming from the last seq received after any disconnect. The bar
+// shows the latest event's own `data.progress`, which the pipelines set on every event.
 "use strict";
 
 const STAGES = {
@@ -7,6 +8,16 @@ const STAGES = {
   chat: ["answer", "done"],
 };
 const FINAL_SEQ = 51;
+// The payload each job type reads (README, "The jobs API"): scan reads no field, chat reads
+// "prompt". The page offers it, so that a job started with the defaults does what it says.
+const DEFAULT_PAYLOADS = {
+  scan: {},
+  chat: { prompt: "exactly-once delivery" },
+};
+const PAYLOAD_HINTS = {
+  scan: "scan reads no payload field: its stages are simulated.",
+  chat: 'chat reads "prompt": what its streamed answer is about.',
+};
 const TERMINAL_CLOSE = { 4400: "bad parameters", 4401: "not logged in", 4403: "forbidden", 4404: "no such job" };
 
 function csrfToken() {
@@ -39,16 +50,34 @@ async function sendJobRequest(request) {
   }
 }
 
+const domainSelect = document.getElementById("domain");
+const payloadInput = document.getElementById("payload");
+
+function offerPayload(previousDomain) {
+  const domain = domainSelect.value;
+  // Only replace what the page itself put there: a payload the user typed stays.
+  const untouched = !payloadInput.value.trim() || payloadInput.value === JSON.stringify(DEFAULT_PAYLOADS[previousDomain] || {});
+  if (untouched) payloadInput.value = JSON.stringify(DEFAULT_PAYLOADS[domain] || {});
+  document.getElementById("payload-hint").textContent = PAYLOAD_HINTS[domain] || "";
+}
+
+let shownDomain = domainSelect.value;
+domainSelect.addEventListener("change", () => {
+  offerPayload(shownDomain);
+  shownDomain = domainSelect.value;
+});
+offerPayload(shownDomain);
+
 document.getElementById("start-job").addEventListener("click", () => {
   let payload;
   try {
-    payload = JSON.parse(document.getElementById("payload").value || "{}");
+    payload = JSON.parse(payloadInput.value || "{}");
   } catch (error) {
     document.getElementById("last-request").hidden = false;
     document.getElementById("request-result").textContent = `Payload is not JSON: ${error.message}`;
     return;
   }
-  const domain = document.getElementById("domain").value;
+  const domain = domainSelect.value;
   lastRequest = { key: crypto.randomUUID(), body: JSON.stringify({ domain, payload }) };
   document.getElementById("sent-key").textContent = lastRequest.key;
   document.getElementById("last-request").hidden = false;
@@ -63,7 +92,13 @@ const watched = new Map();
 
 function watchJob(job) {
   if (watched.has(job.job_id)) {
-    watched.get(job.job_id).card.classList.add("seen-again");
+    // A replay answers with the job already on the page: point at its card, flashing it again
+    // on every replay (removing the class and forcing a reflow restarts the animation).
+    const card = watched.get(job.job_id).card;
+    card.classList.remove("seen-again");
+    void card.offsetWidth;
+    card.classList.add("seen-again");
+    card.scrollIntoView({ block: "nearest" });
     return;
   }
   const card = document.getElementById("job-template").content.firstElementChild.cloneNode(true);
@@ -79,7 +114,7 @@ function watchJob(job) {
     stages.append(chip);
   }
   document.getElementById("jobs").prepend(card);
-  const state = { job, card, lastSeq: 0, seen: new Set(), attempts: 0, finished: false, socket: null };
+  const state = { job, card, lastSeq: 0, seen: new Set(), attempts: 0, finished: false, socket: null, progress: 0 };
   watched.set(job.job_id, state);
   connect(state);
 }
@@ -130,7 +165,7 @@ function logLine(state, text, className) {
   return line;
 }
 
-function showProgress(state, stage, seq) {
+function showProgress(state, stage, seq, data) {
   const stages = STAGES[state.job.domain] || [];
   const index = stages.indexOf(stage);
   for (const chip of state.card.querySelectorAll(".stage")) {
@@ -138,9 +173,29 @@ function showProgress(state, stage, seq) {
     chip.classList.toggle("done", chipIndex < index || seq >= FINAL_SEQ);
     chip.classList.toggle("active", chipIndex === index && seq < FINAL_SEQ);
   }
-  const percent = seq >= FINAL_SEQ ? 100 : Math.round((100 * Math.max(index, 0)) / stages.length);
-  state.card.querySelector("progress").value = percent;
-  state.card.querySelector(".percent").textContent = `${percent} %`;
+  // The event says how far the job is; the page does not guess it from the stage, which put
+  // scan a stage behind and kept chat at 0 % through its whole answer. An event without a
+  // progress leaves the bar where it was, except the final one, which ends the job.
+  const reported = data ? data.progress : undefined;
+  let percent = state.progress;
+  if (typeof reported === "number" && Number.isFinite(reported)) {
+    percent = Math.min(100, Math.max(0, reported));
+  } else if (seq >= FINAL_SEQ) {
+    percent = 100;
+  }
+  state.progress = percent;
+  const bar = state.card.querySelector("progress");
+  bar.value = percent;
+  bar.setAttribute("aria-valuenow", String(percent));
+  state.card.querySelector(".percent").textContent = `${Math.round(percent)} %`;
+}
+
+function showAnswer(state, text, gap) {
+  // Chat's answer chunks, concatenated in seq order, are its answer: it grows as they arrive.
+  if (typeof text !== "string") return;
+  const answer = state.card.querySelector(".answer");
+  answer.hidden = false;
+  answer.textContent += (gap ? " […] " : "") + text;
 }
 
 function onFrame(state, frame) {
@@ -151,7 +206,8 @@ function onFrame(state, frame) {
     const line = logLine(state, `#${frame.seq} ${frame.stage} ${JSON.stringify(frame.data)}`, repeat ? "duplicate" : "");
     line.dataset.seq = frame.seq;
     state.lastSeq = Math.max(state.lastSeq, frame.seq);
-    showProgress(state, frame.stage, frame.seq);
+    showProgress(state, frame.stage, frame.seq, frame.data);
+    if (!repeat) showAnswer(state, (frame.data || {}).text, false);  // the log shows a repeat; the answer need not
     if (frame.seq >= FINAL_SEQ) {
       state.finished = true;
       state.socket.close(1000);
@@ -160,7 +216,9 @@ function onFrame(state, frame) {
     const snapshot = frame.state || {};
     logLine(state, `reset (recovered: false): state ${JSON.stringify(snapshot)}`, "reset");
     state.lastSeq = Math.max(state.lastSeq, snapshot.seq || 0);
-    if (snapshot.stage) showProgress(state, snapshot.stage, snapshot.seq || 0);
+    if (snapshot.stage) showProgress(state, snapshot.stage, snapshot.seq || 0, snapshot.data);
+    // The chunks between the last one shown and the snapshot's are gone: the answer says so.
+    showAnswer(state, (snapshot.data || {}).text, true);
   } else if (frame.type === "error") {
     logLine(state, `error ${frame.code}: ${frame.detail}`, "reset");
   }
