@@ -2,6 +2,7 @@
 import os
 
 from celery import Celery
+from celery.signals import worker_process_shutdown
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.dev")
 
@@ -37,3 +38,12 @@ def _patch_asynpool() -> None:
 
 
 _patch_asynpool()
+
+
+@worker_process_shutdown.connect
+def _drop_live_gauges(**kwargs) -> None:
+    """A pool process leaves with os._exit, past atexit: drop its live gauges from the
+    multiprocess metrics files here (eventbus.metrics does it for the other processes)."""
+    from eventbus.metrics import mark_process_dead
+
+    mark_process_dead()

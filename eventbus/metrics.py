@@ -1,5 +1,13 @@
-"""Prometheus metrics of the bus, labelled by domain and shard. The web app serves the default
-registry at /metrics; the long-running commands serve it on --metrics-port."""
+"""Prometheus metrics of the bus, labelled by domain and shard. The long-running commands serve
+their own on --metrics-port; /metrics (config.views) serves every process's.
+
+The bus counts in several processes (Celery's pool publishes, routers apply, the reclaimer
+reclaims). With PROMETHEUS_MULTIPROC_DIR set before prometheus_client is first imported, as
+`make run` sets it for every process, each process writes its values to files there and /metrics
+adds them up.
+"""
+import atexit
+import os
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
@@ -16,7 +24,14 @@ DEFERRED = Counter(
     "eventbus_deferred_total", "Entries held back because the job's previous event is not applied yet", LABELS
 )
 DEAD_LETTERS = Counter("eventbus_dead_letters_total", "Entries moved to the dead-letter stream", LABELS)
-CONSUMER_LAG = Gauge("eventbus_consumer_lag", "Entries of the shard stream not yet read by the group", LABELS)
+# One value per shard whichever router measured it, so across processes: the latest measurement of
+# a live process (a stopped router's last reading is dropped, see mark_process_dead).
+CONSUMER_LAG = Gauge(
+    "eventbus_consumer_lag",
+    "Entries of the shard stream not yet read by the group",
+    LABELS,
+    multiprocess_mode="livemostrecent",
+)
 RECLAIM_MESSAGES = Counter(
     "event_router_reclaim_messages_total", "Idle pending entries claimed by the reclaimer", LABELS
 )
@@ -28,6 +43,21 @@ RECLAIM_LATENCY = Histogram(
 
 
 def serve(port: int | None) -> None:
-    """Expose the default registry on this port (commands' --metrics-port); None: do nothing."""
+    """Expose the default registry on this port (commands' --metrics-port); None: do nothing.
+    In multiprocess mode too it holds this process's own values: the port answers for this process."""
     if port:
         start_http_server(port)
+
+
+def mark_process_dead(pid: int | None = None) -> None:
+    """Drop a stopped process's live gauges from the multiprocess files (its counters stay: they
+    were counted). Nothing to do outside multiprocess mode."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(os.getpid() if pid is None else pid)
+
+
+# Every process that imports the bus (Django's app registry does) clears its live gauges when it
+# exits normally; Celery's pool processes leave with os._exit, config.celery covers those.
+atexit.register(mark_process_dead)

@@ -181,3 +181,33 @@ def restart(process: Process, timeout: float = 30) -> Process:
     if alive(process):
         raise RuntimeError(f"{process.name} is still running")
     return process.start(timeout=timeout)
+
+
+# Added for the stack's test (tests/test_stack.py).
+
+def pids_with_env(name: str, value: str) -> list[int]:
+    """This user's processes whose environment has name=value: everything a process started with a
+    unique value (RUN_DIR) started in turn, in whatever session, found to clean up."""
+    wanted = f"{name}={value}".encode()
+    pids = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if wanted in environ.read_bytes().split(b"\0"):
+                pids.append(int(environ.parent.name))
+        except (OSError, ValueError):
+            continue
+    return [pid for pid in pids if pid != os.getpid()]
+
+
+def pids_working_in(directory: str | Path) -> list[int]:
+    """This user's processes whose working directory is in `directory`: a redis-server started with
+    `--dir` there, whose environment pids_with_env cannot read (its process title overwrites it)."""
+    prefix = str(directory)
+    pids = []
+    for cwd in Path("/proc").glob("[0-9]*/cwd"):
+        try:
+            if os.readlink(cwd).startswith(prefix):
+                pids.append(int(cwd.parent.name))
+        except (OSError, ValueError):
+            continue
+    return [pid for pid in pids if pid != os.getpid()]

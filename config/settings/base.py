@@ -3,7 +3,8 @@
 Environment: REDIS_URL (default redis://127.0.0.1:6379/0), DATABASE_URL (default SQLite);
 CELERY_BROKER_URL and CACHE_URL (default REDIS_URL: set them when the event bus is on a Redis
 Cluster, which neither Celery's broker nor the cache can use); EVENTBUS_CLUSTER=1 puts the event
-bus on the cluster REDIS_URL names (EVENTBUS["CLUSTER"]).
+bus on the cluster REDIS_URL names (EVENTBUS["CLUSTER"]). RUN_DIR (default .run/) is where
+`make run` and the tests keep their local state.
 """
 import os
 from pathlib import Path
@@ -11,7 +12,9 @@ from pathlib import Path
 import dj_database_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
-RUN_DIR = BASE_DIR / ".run"  # git-ignored: private Redis data, demo credentials, test DB
+# Git-ignored: private Redis data, demo credentials, metrics files, test DB. RUN_DIR moves it
+# (the stack's test runs a whole stack in a directory of its own).
+RUN_DIR = Path(os.environ.get("RUN_DIR") or BASE_DIR / ".run")
 
 DEBUG = False
 ALLOWED_HOSTS = [h for h in os.environ.get("ALLOWED_HOSTS", "").split(",") if h]

@@ -8,7 +8,7 @@ SECRET_KEY = "test-only-key-not-a-secret"
 ALLOWED_HOSTS = ["testserver", "127.0.0.1", "localhost"]
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
-RUN_DIR.mkdir(exist_ok=True)
+RUN_DIR.mkdir(parents=True, exist_ok=True)
 
 # Named per run, so that two runs at once (CI legs, developers) never share a test database.
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":

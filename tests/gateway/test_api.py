@@ -83,3 +83,32 @@ def test_get_shows_the_latest_event(api_client, redis_client):
     publish_event("scan", job_id, "rule", 20, {"progress": 40})
     latest = api_client.get(f"/api/jobs/{job_id}/").json()["latest_event"]
     assert latest["seq"] == 20 and latest["stage"] == "rule" and latest["data"] == {"progress": 40}
+
+
+def test_the_demo_users_token_authenticates_the_api(settings, tmp_path):
+    """The README's way to a token: `ensure_demo_user --token` (what `make run` prints too), or DRF's
+    `drf_create_token demo`; the same token each time, and it opens POST /api/jobs/."""
+    import io
+
+    from django.core.management import call_command
+    from rest_framework.test import APIClient
+
+    settings.RUN_DIR = tmp_path  # not the developer's .run/: the demo password is written there
+
+    def run(*args):
+        out = io.StringIO()
+        call_command(*args, stdout=out)
+        return out.getvalue()
+
+    token = run("ensure_demo_user", "--token").strip()
+    assert f"API token: {token}" in run("ensure_demo_user")
+    assert run("ensure_demo_user", "--token").strip() == token
+    assert f"Generated token {token} for user demo" in run("drf_create_token", "demo")
+
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token}")
+    response = create(client, key="readme-demo-1")
+    assert response.status_code == 201, response.content
+    assert Operation.objects.get().owner.username == "demo"
+    client.credentials(HTTP_AUTHORIZATION="Token not-the-token")
+    assert create(client, key="readme-demo-2").status_code == 401

@@ -1,22 +1,29 @@
-"""Create the demo user of `make run` once and print its credentials.
+"""Create the demo user of `make run` once and print its credentials: its password for the page
+and its DRF token for the API (`Authorization: Token <key>`).
 
 The password is generated on creation and kept in the git-ignored .run/ folder, so that
-the repository holds no credentials and every run prints the same ones.
+the repository holds no credentials and every run prints the same ones. The token lives in the
+database (rest_framework.authtoken); it is created once and the same one printed every time.
+
+    python manage.py ensure_demo_user            # both, for the `make run` banner
+    TOKEN=$(python manage.py ensure_demo_user --token)   # the token alone, for scripts
 """
 import secrets
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
+from rest_framework.authtoken.models import Token
 
 
 class Command(BaseCommand):
-    help = "Create the demo user (if missing) and print its credentials."
+    help = "Create the demo user and its API token (if missing) and print its credentials."
 
     def add_arguments(self, parser):
         parser.add_argument("--username", default="demo")
+        parser.add_argument("--token", action="store_true", help="Print only the API token.")
 
-    def handle(self, *args, username, **options):
+    def handle(self, *args, username, token, **options):
         secret_file = settings.RUN_DIR / f"{username}-password"
         User = get_user_model()
         user = User.objects.filter(username=username).first()
@@ -29,4 +36,9 @@ class Command(BaseCommand):
             user.set_password(password)
             user.save()
         password = secret_file.read_text().strip()
+        key = Token.objects.get_or_create(user=user)[0].key
+        if token:
+            self.stdout.write(key)
+            return
         self.stdout.write(f"  Demo user: {username} / {password}")
+        self.stdout.write(f"  API token: {key}")

@@ -1,0 +1,289 @@
+"""`make run` as a new user meets it: `python -m config.stack` started for real in a directory of its
+own (RUN_DIR, a SQLite file, its private Redis, a free WEB_PORT). The token it prints works with
+the README's curl as written; /metrics shows every process's metrics; Ctrl-C, sent to the process
+group as a terminal sends it, stops everything cleanly, the private Redis last.
+
+Also /metrics against metrics files written by another process (a router), the multiprocess mode
+the stack runs in."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+import redis
+
+from config.redis_server import free_port
+from tests.processes import BASE_DIR, Manage, pids_with_env, pids_working_in, run_command, wait_for
+
+BANNER = "Ctrl-C stops everything."
+# What each process of the Procfile logs once it is up (signal handlers in place).
+READY = {
+    "web": r"Listening on TCP address",
+    "worker": r"celery@\S+ ready\.",
+    "sweeper": r"Sweeping every",
+    "router": r"eventbus\.router router ",
+    "reclaimer": r"reclaimer: \d+ entries claimed",
+}
+
+
+class Stack:
+    """`python -m config.stack` in a session of its own, as a terminal's foreground job."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.run_dir = root / "run"
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = root / "stack.log"
+        # Nothing of the test run's: the stack starts its own Redis and database, in dev settings.
+        env = {
+            k: v for k, v in os.environ.items()
+            if k not in ("REDIS_URL", "CELERY_BROKER_URL", "CACHE_URL", "TEST_DATABASE_NAME",
+                         "PROMETHEUS_MULTIPROC_DIR", "prometheus_multiproc_dir")
+        }
+        env.update(
+            DJANGO_SETTINGS_MODULE="config.settings.dev",
+            RUN_DIR=str(self.run_dir),
+            DATABASE_URL=f"sqlite:///{root / 'db.sqlite3'}",
+            WEB_PORT=str(self.port),
+            PYTHONUNBUFFERED="1",
+        )
+        self.env = env
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> "Stack":
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "config.stack"], cwd=BASE_DIR, env=self.env,
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        wait_for(lambda: BANNER in self.log() or self.process.poll() is not None, timeout=60,
+                 interval=0.2, message="the banner")
+        assert self.process.poll() is None, self.log()
+        wait_for(lambda: self.ready() or self.process.poll() is not None, timeout=90, interval=0.2,
+                 message="every process of the Procfile")
+        assert self.process.poll() is None, self.log()
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def ready(self) -> bool:
+        log = self.log()
+        return all(re.search(rf"{name}\.1 +\| .*{text}", log) for name, text in READY.items())
+
+    def redis_port(self) -> int:
+        return int(re.search(r"Redis:\s+redis://127\.0\.0\.1:(\d+)/0 \(private", self.log()).group(1))
+
+    def manage(self, *args: str) -> str:
+        """`manage.py <args>` on this stack's database: its output."""
+        return subprocess.run([sys.executable, "manage.py", *args], cwd=BASE_DIR, env=self.env,
+                              capture_output=True, text=True, timeout=60, check=True).stdout
+
+    def interrupt(self) -> None:
+        """Ctrl-C at a terminal: SIGINT to every process of the foreground process group."""
+        os.killpg(self.process.pid, signal.SIGINT)
+
+    def cleanup(self) -> None:
+        """Whatever is left of this stack stopped: a Ctrl-C first (the stack stops its Redis itself),
+        then SIGKILL for every process still carrying our RUN_DIR or working in it (its Redis)."""
+        if self.process and self.process.poll() is None:
+            try:
+                self.interrupt()
+                self.process.wait(timeout=90)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                pass
+        if self.process and self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.process.wait(timeout=10)
+        for pid in {*pids_with_env("RUN_DIR", str(self.run_dir)), *pids_working_in(self.run_dir)}:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    """One stack for the module's tests; the Ctrl-C test stops it, so it comes last."""
+    stack = Stack(tmp_path_factory.mktemp("stack"))
+    try:
+        yield stack.start()
+    finally:
+        stack.cleanup()
+
+
+def token_of(stack) -> str:
+    """The token as the README says to get it."""
+    return stack.manage("ensure_demo_user", "--token").strip()
+
+
+def drf_token(stack) -> str:
+    """The demo user's token from DRF's own command: for the tests of other things than the banner."""
+    out = stack.manage("drf_create_token", "demo")
+    return re.search(r"Generated token (\w+) for user demo", out).group(1)
+
+
+def start_job(stack, token: str) -> dict:
+    request = urllib.request.Request(
+        f"{stack.url}/api/jobs/", method="POST", data=json.dumps({"domain": "scan", "payload": {}}).encode(),
+        headers={"Authorization": f"Token {token}", "Idempotency-Key": os.urandom(8).hex(),
+                 "Content-Type": "application/json"},
+    )
+    return json.loads(urllib.request.urlopen(request, timeout=10).read())
+
+
+def readme_example(stack) -> str:
+    """The shell block of the README's jobs API section, as written, for this stack's port."""
+    readme = (BASE_DIR / "README.md").read_text()
+    section = readme.split("## The jobs API", 1)[1]
+    block = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
+    block = block.replace(".venv/bin/python", sys.executable)  # the virtualenv this test runs in
+    return block.replace("127.0.0.1:8000", f"127.0.0.1:{stack.port}")
+
+
+def api(stack, path: str, token: str) -> dict:
+    request = urllib.request.Request(f"{stack.url}{path}", headers={"Authorization": f"Token {token}"})
+    return json.loads(urllib.request.urlopen(request, timeout=10).read())
+
+
+def metric_sum(text: str, name: str, labels: str = "") -> float:
+    pattern = rf"^{name}\{{[^}}]*{re.escape(labels)}[^}}]*\}} (\S+)$"
+    return sum(float(v) for v in re.findall(pattern, text, re.M))
+
+
+def test_the_readme_token_and_curl_work_as_written(stack):
+    assert shutil.which("curl"), "The README's example runs curl: apt-get install curl"
+    token = token_of(stack)
+    assert re.fullmatch(r"[0-9a-f]{40}", token), token
+    assert f"API token: {token}" in stack.log()  # the banner shows the same one
+    example = readme_example(stack)
+
+    def run():  # the README's commands, in a shell, plus the answer's status and headers
+        done = subprocess.run(["bash", "-ec", example.rstrip() + " -sS -i"], cwd=BASE_DIR,
+                              env=stack.env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, (example, done.stdout, done.stderr)
+        head, body = done.stdout.split("\n\n", 1)  # text mode: \r\n read as \n
+        return head.lower(), json.loads(body)
+
+    head, job = run()
+    assert head.startswith("http/1.1 201"), (example, head, job)
+    assert job["domain"] == "scan" and "idempotent-replayed" not in head
+    head, again = run()  # the same command again: a replay, no second job
+    assert head.startswith("http/1.1 201") and "idempotent-replayed: true" in head, head
+    assert again == job
+
+
+def test_metrics_show_every_process(stack):
+    token = drf_token(stack)
+    job = start_job(stack, token)
+    wait_for(lambda: api(stack, f"/api/jobs/{job['job_id']}/", token)["state"] == "COMPLETED", timeout=60,
+             interval=0.2, message="the job to complete")
+
+    def scraped():
+        text = urllib.request.urlopen(f"{stack.url}/metrics", timeout=5).read().decode()
+        # published by a worker's pool process, applied by the router, the request seen by daphne
+        counts = (metric_sum(text, "eventbus_published_total"), metric_sum(text, "eventbus_applied_total"),
+                  metric_sum(text, "idempotency_requests_total", 'outcome="miss"'))
+        return counts if all(counts) else None
+
+    published, applied, misses = wait_for(scraped, timeout=30, interval=0.2,
+                                          message="every process's metrics")
+    assert published >= 5 and applied >= 5 and misses >= 1
+
+
+def test_ctrl_c_stops_every_process_cleanly_and_redis_last(stack):
+    redis_port = stack.redis_port()
+    # A job in hand when Ctrl-C comes: the worker finishes it before it stops.
+    job_id = start_job(stack, drf_token(stack))["job_id"]
+    wait_for(lambda: f"Job {job_id} running" in stack.log(), timeout=30, interval=0.1,
+             message="the job running")
+    stack.interrupt()
+    try:
+        code = stack.process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the stack did not stop:\n{stack.log()[-5000:]}")
+    log = stack.log()
+    assert "Traceback" not in log, log
+    assert "WorkerLostError" not in log, log
+    for name in READY:
+        assert f"{name}.1 stopped (rc=0)" in log, (name, log)
+    assert f"Job {job_id} COMPLETED" in log, log
+    assert code == 0, log
+    with pytest.raises(redis.ConnectionError):
+        redis.Redis(port=redis_port, socket_connect_timeout=1).ping()
+    wait_for(lambda: not pids_with_env("RUN_DIR", str(stack.run_dir)) and not pids_working_in(stack.run_dir),
+             timeout=10, message="no process left")
+
+
+# /metrics in multiprocess mode, against the files of processes started here.
+
+def multiproc_files(directory: Path, pid: int) -> list[str]:
+    return sorted(p.name for p in directory.glob(f"*_{pid}.db"))
+
+
+def test_metrics_add_up_other_processes_and_drop_a_stopped_ones_gauges(
+    db, client, redis_client, tmp_path, monkeypatch
+):
+    from eventbus import publish_events
+
+    reports_lag = int(redis_client.info()["redis_version"].split(".")[0]) >= 7  # XINFO GROUPS lag
+
+    directory = tmp_path / "metrics"
+    directory.mkdir()
+    port = free_port()
+    # prometheus_client reads PROMETHEUS_MULTIPROC_DIR when first imported: the router has it from
+    # its start; this test process (imported long ago) stays in single-process mode.
+    router = Manage("run_router", "--consumer", "metrics", "--block-ms", "200", "--metrics-port",
+                    str(port), PROMETHEUS_MULTIPROC_DIR=str(directory)).start()
+    try:
+        publish_events([("scan", "m1", "vision", 10, {}), ("scan", "m1", "rule", 20, {}),
+                        ("chat", "m2", "answer", 30, {})])
+
+        def own_port_applied():
+            try:
+                text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+            except OSError:  # not listening yet
+                return False
+            return metric_sum(text.decode(), "eventbus_applied_total") == 3
+
+        wait_for(own_port_applied, timeout=30, interval=0.1, message="the router's --metrics-port")
+        counted = run_command("shell", "-c", "from idempotency import metrics; metrics.count('replay')",
+                              PROMETHEUS_MULTIPROC_DIR=str(directory))
+        assert counted[0] == 0, counted[1]
+
+        monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(directory))  # read per request
+        text = client.get("/metrics").content.decode()
+        assert metric_sum(text, "eventbus_applied_total") == 3, text
+        assert metric_sum(text, "idempotency_requests_total", 'outcome="replay"') == 1, text
+        # This process's 3 published are not in the files.
+        assert metric_sum(text, "eventbus_published_total") == 0, text
+        if reports_lag:
+            assert re.search(r"^eventbus_consumer_lag\{", text, re.M), text
+            assert any(f.startswith("gauge_livemostrecent_") for f in multiproc_files(directory, router.pid))
+
+        router.signal(signal.SIGTERM)
+        assert router.wait() == 0, router.log()
+    finally:
+        router.kill()
+        router.log_path.unlink(missing_ok=True)
+    # Its counters still count; its gauge no longer stands for a live process.
+    assert not any(name.startswith("gauge_live") for name in multiproc_files(directory, router.pid))
+    text = client.get("/metrics").content.decode()
+    assert metric_sum(text, "eventbus_applied_total") == 3, text
+    assert not re.search(r"^eventbus_consumer_lag\{", text, re.M), text
+
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR")  # unset: this process's own registry
+    text = client.get("/metrics").content.decode()
+    assert metric_sum(text, "eventbus_published_total") >= 3, text
