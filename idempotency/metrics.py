@@ -5,11 +5,12 @@ and an aggregating /metrics view (config.views) sums them."""
 from prometheus_client import Counter
 
 # outcome: miss (first execution), replay, conflict (in flight, 409), mismatch (422),
-# invalid (missing or malformed key, 400), takeover (expired lease taken over), lease_lost.
+# invalid (missing or malformed key, 400), takeover (expired lease taken over), lease_lost,
+# not_stored (a non-atomic view's answer given unstored).
 REQUESTS = Counter(
     "idempotency_requests_total", "Requests seen by the idempotency layer, by outcome", ["outcome"]
 )
-for _outcome in ("miss", "replay", "conflict", "mismatch", "invalid", "takeover", "lease_lost"):
+for _outcome in ("miss", "replay", "conflict", "mismatch", "invalid", "takeover", "lease_lost", "not_stored"):
     REQUESTS.labels(_outcome)
 
 
