@@ -6,4 +6,9 @@ class EventbusConfig(AppConfig):
 
     def ready(self):
         # The system checks, and the metrics in the default registry (served at /metrics).
+        from django.utils.module_loading import autodiscover_modules
+
         from . import checks, metrics  # noqa: F401
+
+        # Job types registered with @register live in the apps' `jobs` modules.
+        autodiscover_modules("jobs")

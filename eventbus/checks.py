@@ -17,6 +17,17 @@ def _visibility_timeout() -> float:
 
 
 @register()
+def check_job_types(app_configs=None, **kwargs):
+    from .jobtypes import registry
+
+    try:
+        registry()
+    except (ImproperlyConfigured, ImportError) as exc:
+        return [Error(f"EVENTBUS['JOB_TYPES']: {exc}", id="eventbus.E006")]
+    return []
+
+
+@register()
 def check_ttls(app_configs=None, **kwargs):
     try:
         s = eventbus_settings
@@ -26,11 +37,7 @@ def check_ttls(app_configs=None, **kwargs):
     except ImproperlyConfigured as exc:
         return [Error(str(exc), id="eventbus.E001")]
     errors = []
-    if (
-        not isinstance(domains, dict)
-        or not domains
-        or not all(isinstance(n, int) and n > 0 for n in domains.values())
-    ):
+    if not isinstance(domains, dict) or not all(isinstance(n, int) and n > 0 for n in domains.values()):
         errors.append(Error("EVENTBUS['DOMAINS'] maps each domain to a shard count > 0.", id="eventbus.E002"))
     visibility = _visibility_timeout()
     for name, ttl in (("DEDUP_TTL", dedup), ("ROUTER_DEDUP_TTL", router_dedup)):

@@ -2,8 +2,15 @@
 from idempotency.conf import AppSettings
 
 DEFAULTS = {
-    # Domain -> shard count. A job's shard is md5(job_id) mod the count.
-    "DOMAINS": {"scan": 4, "chat": 4},
+    # Job types (eventbus.jobtypes.JobType subclasses) by dotted path, besides those registered
+    # with @register in an installed app's `jobs` module.
+    "JOB_TYPES": (),
+    # Domain -> shard count: overrides a job type's `shards`, or adds a domain with no job type
+    # (events published with publish_event directly). A job's shard is md5(job_id) mod the count.
+    "DOMAINS": {},
+    # The bus's Redis (streams, state, history, job channels). None: the project's REDIS_URL
+    # setting, else redis://127.0.0.1:6379/0 (eventbus.redis.redis_url).
+    "REDIS_URL": None,
     # Redis Cluster client instead of a single server (REDIS_URL names any node).
     "CLUSTER": False,
     "STREAM_MAXLEN": 10_000,  # XADD MAXLEN ~
@@ -26,7 +33,7 @@ DEFAULTS = {
     "RECLAIM_COUNT": 100,
     "MAX_DELIVERIES": 5,  # deliveries of an entry before the reclaimer dead-letters it
     "RECLAIM_CONSUMER": "reclaimer",
-    # Simulated work per stage of a job, seconds.
+    # The demo jobs' simulated work per stage, seconds (config.jobs).
     "STAGE_SECONDS": 0.2,
 }
 

@@ -7,13 +7,16 @@ arrive twice or run again after a crash. The run is made safe to repeat three wa
 - a run lease lets one run at a time work on a job: a Redis lock with a token of its own,
   renewed after every event, released at the end. A second run that finds the lease held
   raises JobBusy and the task retries once the lease could have expired;
-- a run starts the pipeline from the beginning, and L1 drops every event an earlier run
-  published, so the stream holds each (stage, seq) of the job once.
+- a run skips the stages an earlier run finished (their results and events are recorded:
+  eventbus.stages), republishes their events, which L1 drops, and runs the rest, so the stream
+  holds each (stage, seq) of the job once and a finished stage's work never runs again.
 """
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
+from contextlib import contextmanager
 
 import redis
 from django.db import DatabaseError, InterfaceError, OperationalError
@@ -23,10 +26,10 @@ from redis.exceptions import LockError
 from idempotency.models import Operation
 
 from .conf import eventbus_settings
+from .jobtypes import JobFailed, JobType, UnknownJobType, job_type
 from .keys import JobKeys, UnknownDomain
-from .pipelines import Pipeline, UnknownPipeline, final_event, pipeline_for
-from .publish import publish_event
 from .redis import get_redis
+from .stages import DeadlinePassed, publish_final, run_stages
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +87,28 @@ class RunLease:
         except redis.RedisError:
             logger.warning("Could not release %s; it expires in %ss", self.key, self.seconds, exc_info=True)
 
+    @contextmanager
+    def kept_alive(self):
+        """Renew the lease every third of its length while the block runs: a stage of a user's
+        job may run far longer than the lease between two of its events."""
+        stop = threading.Event()
+
+        def keep() -> None:
+            while not stop.wait(self.seconds / 3):
+                try:
+                    self.lock.extend(self.seconds, replace_ttl=True)
+                except LockError:
+                    return  # lost: the run finds out at its next renew()
+                except redis.RedisError:
+                    logger.warning("Could not renew %s; trying again", self.key, exc_info=True)
+
+        keeper = threading.Thread(target=keep, name=f"run-lease {self.key}", daemon=True)
+        keeper.start()
+        try:
+            yield
+        finally:
+            stop.set()
+
     def retry_in(self) -> float:
         """Seconds until the lease expires, unless renewed (a little more, never 0)."""
         return max(self.client.pttl(self.key), 0) / 1000 + 0.2
@@ -105,11 +130,11 @@ def run(job_id: str, *, fail_on_transient: bool = True) -> str:
         logger.info("Job %s is %s already; not run again", job_id, operation.state)
         return "skipped"
     try:
-        pipeline = pipeline_for(operation.domain, operation.payload)
+        job = job_type(operation.domain)()
         lease = RunLease(operation)
-    except (UnknownPipeline, UnknownDomain) as exc:
+    except (UnknownJobType, UnknownDomain) as exc:
         logger.error("Job %s failed: %s", job_id, exc)
-        return _conclude(operation, State.FAILED, error=type(exc).__name__)
+        return _conclude(operation, None, State.FAILED, error=type(exc).__name__)
     if not lease.acquire():
         raise JobBusy(job_id, lease.retry_in())
     try:
@@ -117,10 +142,15 @@ def run(job_id: str, *, fail_on_transient: bool = True) -> str:
         if operation.state in FINAL_STATES:
             return "skipped"
         if _past_deadline(operation):
-            return _conclude(operation, State.TIMED_OUT)
+            return _conclude(operation, job, State.TIMED_OUT)
         Operation.objects.filter(pk=operation.pk, state=State.PENDING).update(state=State.RUNNING)
         logger.info("Job %s running (%s, was %s)", job_id, operation.domain, operation.state)
-        return _run_pipeline(operation, pipeline, lease)
+        return _run_stages(operation, job, lease)
+    except DeadlinePassed:
+        return _conclude(operation, job, State.TIMED_OUT)
+    except JobFailed as failure:
+        logger.warning("Job %s failed: %s", job_id, failure.reason)
+        return _conclude(operation, job, State.FAILED, error=failure.reason, **failure.data)
     except LeaseLost as exc:
         logger.warning("Job %s: %s; its new run finishes it", job_id, exc)
         return "lease_lost"
@@ -129,25 +159,25 @@ def run(job_id: str, *, fail_on_transient: bool = True) -> str:
             logger.warning("Job %s interrupted (%s: %s); it will be retried", job_id, type(exc).__name__, exc)
             raise
         logger.exception("Job %s failed: %s, retries exhausted", job_id, type(exc).__name__)
-        return _conclude(operation, State.FAILED, error=type(exc).__name__)
+        return _conclude(operation, job, State.FAILED, error=type(exc).__name__)
     except Exception as exc:
         logger.exception("Job %s failed: %s: %s", job_id, type(exc).__name__, exc)
-        return _conclude(operation, State.FAILED, error=type(exc).__name__)
+        return _conclude(operation, job, State.FAILED, error=type(exc).__name__)
     finally:
         lease.release()
 
 
-def _run_pipeline(operation: Operation, pipeline: Pipeline, lease: RunLease) -> str:
-    job_id = str(operation.op_id)
-    for event in pipeline.events():
-        if _past_deadline(operation):
-            return _conclude(operation, State.TIMED_OUT)
-        if not publish_event(operation.domain, job_id, event.stage, event.seq, event.data):
-            # An earlier run of this job published it (a re-run after a crash): L1 dropped the copy.
-            logger.info("Job %s: %s seq %d was published before; duplicate dropped (L1)", job_id, event.stage,
-                        event.seq)
+def _run_stages(operation: Operation, job: JobType, lease: RunLease) -> str:
+    def after_event() -> None:
         lease.renew()
-    # The pipeline's last event was the final one; only the database is left to tell.
+        if _past_deadline(operation):
+            raise DeadlinePassed()
+
+    with lease.kept_alive():  # a stage may run longer than the lease between two events
+        results = run_stages(operation, job, after_event=after_event)
+        outcome = job.outcome(results) or {}
+        publish_final(operation, job, State.COMPLETED, **outcome)
+    # The final event is out; only the database is left to tell.
     return _record_end(operation, State.COMPLETED)
 
 
@@ -158,11 +188,12 @@ def _past_deadline(operation: Operation) -> bool:
     return False
 
 
-def _conclude(operation: Operation, state: str, **data) -> str:
-    """End a job that did not complete: its final event (best effort), then its state."""
-    event = final_event(state, **data)
+def _conclude(operation: Operation, job: JobType | None, state: str, **data) -> str:
+    """End a job that did not complete: its final event (best effort; none when its type is
+    unknown, as its seqs are), then its state."""
     try:
-        publish_event(operation.domain, str(operation.op_id), event.stage, event.seq, event.data)
+        if job is not None:
+            publish_final(operation, job, state, **data)
     except Exception as exc:
         logger.warning("Job %s: could not publish its final %s event: %r", operation.op_id, state, exc)
     return _record_end(operation, state)

@@ -1,8 +1,8 @@
 """Redis key layout. Every key of one job carries the hash tag {<domain>:<shard>}, so all
 keys a script touches share one Redis Cluster slot.
 
-Stage seq ranges per job: vision 10-19, rule 20-29, answer 30-39, reward 40-49, done 50-59
-(51 is final); seq = range start + sub_seq.
+A domain is a registered job type's name (eventbus.jobtypes), or a name in EVENTBUS["DOMAINS"],
+which also overrides a type's shard count. Seqs come from a job type's declared stages.
 """
 from __future__ import annotations
 
@@ -10,25 +10,28 @@ import hashlib
 
 from .conf import eventbus_settings
 
-STAGE_BASE = {"vision": 10, "rule": 20, "answer": 30, "reward": 40, "done": 50}
-FINAL_SEQ = 51
 
 
 class UnknownDomain(ValueError):
     pass
 
 
-def seq_for(stage: str, sub_seq: int) -> int:
-    if stage not in STAGE_BASE or not 0 <= sub_seq <= 9:
-        raise ValueError(f"No seq for stage {stage!r} sub_seq {sub_seq}: stages {list(STAGE_BASE)}, sub_seq 0-9")
-    return STAGE_BASE[stage] + sub_seq
+def domains() -> list[str]:
+    """Every domain: the registered job types', then those only in EVENTBUS["DOMAINS"]."""
+    from .jobtypes import registry
+
+    names = list(registry())
+    return names + [name for name in eventbus_settings.DOMAINS if name not in names]
 
 
 def shard_count(domain: str) -> int:
+    from .jobtypes import registry
+
     try:
-        return int(eventbus_settings.DOMAINS[domain])
+        configured = eventbus_settings.DOMAINS.get(domain)
+        return int(configured if configured is not None else registry()[domain].shards)
     except (KeyError, TypeError):  # TypeError: not even a possible name (unhashable)
-        raise UnknownDomain(f"Unknown domain {domain!r}; configured: {sorted(eventbus_settings.DOMAINS)}") from None
+        raise UnknownDomain(f"Unknown domain {domain!r}; configured: {sorted(domains())}") from None
 
 
 def shard_for(job_id: str, shards: int) -> int:

@@ -17,6 +17,7 @@ from redis.exceptions import ConnectionError, RedisError, ResponseError, Timeout
 
 from . import metrics
 from .conf import eventbus_settings
+from .keys import domains as all_domains
 from .keys import shard_count, stream_key
 from .redis import make_async_redis
 from .routing import DEFERRED, Delivery, Stream, count_route_results
@@ -52,8 +53,8 @@ def parse_xautoclaim(reply) -> tuple[str, list[tuple[str, dict]], list[str], int
 
 
 def stream_configs(domains: Iterable[str] | None = None) -> list[tuple[str, int]]:
-    """[(domain, shard_count), ...] from EVENTBUS['DOMAINS']."""
-    return [(domain, shard_count(domain)) for domain in (domains or eventbus_settings.DOMAINS)]
+    """[(domain, shard_count), ...] of these domains (default: every domain, keys.domains())."""
+    return [(domain, shard_count(domain)) for domain in (domains or all_domains())]
 
 
 class Reclaimer:

@@ -11,6 +11,7 @@ from . import metrics
 from .conf import eventbus_settings
 from .entries import MalformedEntry, RoutedEvent, parse_entry
 from .keys import dead_letter_key, shard_count, stream_key
+from .keys import domains as all_domains
 from .scripts import DEAD_LETTER, ROUTE, ScriptCall
 
 # route.lua's replies.
@@ -39,8 +40,8 @@ class Stream:
 
 
 def streams_for(domains: Iterable[str] | None = None) -> list[Stream]:
-    """Every shard stream of these domains (default: all of EVENTBUS['DOMAINS'])."""
-    names = list(domains) if domains else list(eventbus_settings.DOMAINS)
+    """Every shard stream of these domains (default: every domain, keys.domains())."""
+    names = list(domains) if domains else all_domains()
     return [Stream(name, shard) for name in names for shard in range(shard_count(name))]  # UnknownDomain
 
 

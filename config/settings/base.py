@@ -131,7 +131,8 @@ IDEMPOTENCY = {
 }
 
 # The event bus: see eventbus.conf for every key. test.py adds its own keys to this dict.
-EVENTBUS = {}
+# The demo's job types, written with the toolkit's public API (config/jobs.py).
+EVENTBUS = {"JOB_TYPES": ("config.jobs.ScanJob", "config.jobs.ChatJob")}
 if os.environ.get("EVENTBUS_CLUSTER", "").lower() in ("1", "true", "yes"):
     EVENTBUS["CLUSTER"] = True
 

@@ -21,5 +21,10 @@ else:
 # resolved name, since the name above is per process. Likewise their job stage time.
 if os.environ.get("TEST_DATABASE_NAME"):
     DATABASES["default"]["NAME"] = os.environ["TEST_DATABASE_NAME"]
-EVENTBUS = {**EVENTBUS, "STAGE_SECONDS": float(os.environ.get("EVENTBUS_STAGE_SECONDS", 0))}
+EVENTBUS = {
+    **EVENTBUS,
+    "STAGE_SECONDS": float(os.environ.get("EVENTBUS_STAGE_SECONDS", 0)),
+    # The demo's job types, and one of the test suite's own (written as a user writes one).
+    "JOB_TYPES": (*EVENTBUS["JOB_TYPES"], "tests.eventbus.jobtypes.StagedJob"),
+}
 SERVE_STATIC = True  # config.asgi serves /static/ itself

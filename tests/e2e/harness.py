@@ -387,10 +387,9 @@ class Job:
 
 
 def expected_seqs(domain: str, payload: dict) -> list[int]:
-    from eventbus.pipelines import PIPELINES
+    from eventbus.testing import events_of
 
-    pipeline = PIPELINES[domain](payload, stage_seconds=0)
-    return [event.seq for event in pipeline.events()]
+    return [seq for _stage, seq, _data in events_of(domain, payload)]
 
 
 WORDS = "exactly once delivery stream router reclaim lease replay socket backfill history shard".split()

@@ -9,15 +9,9 @@ from contextlib import contextmanager
 
 from config import celery_app
 from config.redis_server import free_port
-from eventbus.keys import STAGE_BASE, JobKeys
-from eventbus.pipelines import pipeline_for
+from eventbus.keys import JobKeys
+from eventbus.testing import events_of
 from tests.processes import wait_for
-
-STAGE_OF = {base // 10: stage for stage, base in STAGE_BASE.items()}
-
-
-def stage_of(seq: int) -> str:
-    return STAGE_OF[seq // 10]
 
 
 def history(client, domain: str, job_id: str, after: int = 0) -> list[dict]:
@@ -116,7 +110,7 @@ def job_events(client, domain: str, job_id) -> list[tuple[str, int]]:
 
 
 def expected_events(domain: str, payload: dict | None = None) -> list[tuple[str, int]]:
-    return [(event.stage, event.seq) for event in pipeline_for(domain, payload).events()]
+    return [(stage, seq) for stage, seq, _data in events_of(domain, payload)]
 
 
 def queued_task_ids(client, queue: str = "celery") -> list[str]:

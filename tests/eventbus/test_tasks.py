@@ -1,4 +1,4 @@
-"""Jobs in process: pipelines, jobs.run (lease, state, republish), enqueue and the sweep.
+"""Jobs in process: jobs.run (lease, state, republish), enqueue and the sweep.
 
 Real Redis and a real database; stages take no time (EVENTBUS STAGE_SECONDS is 0 in tests).
 The real Celery worker runs in test_tasks_worker.py.
@@ -16,9 +16,9 @@ import redis
 from django.core.management import call_command
 from django.utils import timezone
 
-from eventbus import jobs
-from eventbus.keys import FINAL_SEQ, STAGE_BASE, JobKeys
-from eventbus.pipelines import MAX_CHUNKS, ChatPipeline, ScanPipeline, pipeline_for
+from eventbus import jobs, stages
+from config.jobs import ScanJob
+from eventbus.keys import JobKeys
 from eventbus.publish import publish_event
 from eventbus.sweep import Sweeper, enqueue_pending
 from idempotency.models import Operation
@@ -27,6 +27,7 @@ from tests.processes import BASE_DIR, process_env, wait_for
 from .helpers import broker_down, expected_events, job_events, queued_task_ids
 
 State = Operation.State
+FINAL_SEQ = 51
 
 
 # Helpers --------------------------------------------------------------------------------------
@@ -38,66 +39,6 @@ def final_data(client, domain: str, job_id) -> dict:
         if fields[b"job_id"].decode() == job_id and int(fields[b"seq"]) == FINAL_SEQ:
             return json.loads(fields[b"data"])
     raise AssertionError(f"no final event for job {job_id}")
-
-
-# Pipelines ------------------------------------------------------------------------------------
-
-
-def test_scan_runs_its_stages_in_seq_order():
-    assert expected_events("scan") == [
-        ("vision", 10), ("rule", 20), ("answer", 30), ("reward", 40), ("done", 51)
-    ]
-
-
-@pytest.mark.parametrize("prompt", ["", "hi", "why " * 500])
-def test_chat_streams_the_answer_in_at_most_ten_chunks(prompt):
-    events = list(ChatPipeline({"prompt": prompt}).events())
-    answer = [event for event in events if event.stage == "answer"]
-    assert 1 <= len(answer) <= MAX_CHUNKS
-    first = STAGE_BASE["answer"]
-    assert [event.seq for event in answer] == list(range(first, first + len(answer)))
-    assert (events[-1].stage, events[-1].seq, events[-1].data["final"]) == ("done", FINAL_SEQ, True)
-    assert "".join(event.data["text"] for event in answer).startswith("You asked about ")
-    again = ChatPipeline({"prompt": prompt}).events()
-    assert [e.data for e in events] == [e.data for e in again]  # deterministic
-
-
-def test_each_stage_does_its_work(monkeypatch):
-    slept = []
-    monkeypatch.setattr(ScanPipeline, "sleep", staticmethod(slept.append))
-    list(ScanPipeline(stage_seconds=0.5).events())
-    assert slept == [0.5] * 4
-
-
-@pytest.mark.parametrize("domain,payload", [("scan", {}), ("chat", {"prompt": ""}), ("chat", {"prompt": "why " * 500})])
-def test_every_event_carries_a_rising_progress_that_ends_at_100(domain, payload):
-    # The page's bar shows each event's own progress: every event carries one, chat's answer
-    # chunks included, so that the bar moves with every event and stops at 100 with the last.
-    progress = [event.data["progress"] for event in pipeline_for(domain, payload).events()]
-    assert all(isinstance(p, int) and 0 < p <= 100 for p in progress), progress
-    assert progress == sorted(set(progress)) and progress[-1] == 100
-
-
-@pytest.mark.parametrize("prompt", ["", "hi", "exactly-once delivery", "why " * 500])
-def test_in_development_a_chat_job_takes_seconds_chunk_by_chunk(monkeypatch, prompt):
-    # config.settings.dev makes a job slow enough to watch on the page: the chat answer takes
-    # as long as a scan's four stages, in one step per chunk.
-    from config.settings import dev
-
-    seconds = dev.EVENTBUS["STAGE_SECONDS"]
-    slept = []
-    monkeypatch.setattr(ChatPipeline, "sleep", staticmethod(slept.append))
-    chunks = [e for e in ChatPipeline({"prompt": prompt}, stage_seconds=seconds).events() if e.stage == "answer"]
-    assert len(slept) == len(chunks) >= 5
-    assert 5 <= sum(slept) <= 8
-    assert sum(slept) == pytest.approx(4 * seconds)  # as long as a scan job
-    # No step outlasts a stage: the run lease, renewed per event, is sized for one stage.
-    assert max(slept) <= seconds
-
-
-def test_unknown_domain_has_no_pipeline():
-    with pytest.raises(LookupError, match="No pipeline for domain 'nope'"):
-        pipeline_for("nope")
 
 
 # jobs.run ------------------------------------------------------------------------------------
@@ -185,13 +126,10 @@ def test_an_exception_fails_the_job_with_a_log_line_and_a_final_event(
 ):
     operation = make_operation()
 
-    stage_events = ScanPipeline.stage_events
-
-    def broken(self):
-        yield from list(stage_events(self))[:2]
+    def broken(self, ctx):
         raise RuntimeError("the rules engine exploded")
 
-    monkeypatch.setattr(ScanPipeline, "stage_events", broken)
+    monkeypatch.setattr(ScanJob, "answer", broken)
     assert jobs.run(str(operation.op_id)) == State.FAILED
     operation.refresh_from_db()
     assert operation.state == State.FAILED and operation.completed_at is not None
@@ -219,7 +157,7 @@ def test_redis_going_away_is_retried_until_the_last_attempt(redis_client, make_o
     def unreachable(*args):
         raise redis.ConnectionError("Connection refused")
 
-    monkeypatch.setattr(jobs, "publish_event", unreachable)
+    monkeypatch.setattr(stages, "publish_event", unreachable)
     with pytest.raises(redis.ConnectionError):
         jobs.run(str(operation.op_id), fail_on_transient=False)
     assert Operation.objects.get(pk=operation.pk).state == State.RUNNING

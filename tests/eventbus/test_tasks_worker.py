@@ -142,3 +142,36 @@ def test_a_job_accepted_while_the_broker_was_down_is_swept_and_completes(start_w
     assert job_events(broker, "chat", job_id) == expected_events("chat", {"prompt": "are you there?"})
     assert worker.received(job_id) == 1
     assert Operation.objects.get(pk=job_id).enqueued_at is not None
+
+
+def test_a_worker_killed_mid_stage_reruns_only_that_stage_and_its_outside_call_happens_once(
+    start_worker, broker, api_client, tmp_path
+):
+    """Effectively-once stages on a real worker: the pool process dies inside the second stage,
+    after its outside call. The re-run skips the first stage (its result is recorded), runs the
+    second again with the same stage key, whose outside call replays instead of running."""
+    from eventbus.models import StageRecord
+
+    from .jobtypes import lines
+
+    log_path = str(tmp_path / "log")
+    worker = start_worker()
+    payload = {"log": log_path, "hang_on_first_attempt": 60}
+    job_id = post_job(api_client, "staged", payload, key="staged-kill").json()["job_id"]
+    wait_for(lambda: "second charged" in lines(log_path), timeout=30, message="the second stage's outside call")
+    [child] = worker.pool_pids()
+    os.kill(child, signal.SIGKILL)
+
+    wait_for_state(job_id, State.COMPLETED, [worker.log], timeout=RunLease.min_seconds + 30)
+    key = f"{job_id}:second"
+    assert lines(log_path) == [
+        "first",
+        "second attempt 1 after {'n': 1}", f"charge {key}", "second charged",  # killed after this
+        "second attempt 2 after {'n': 1}", "second charged",  # the outside call replayed
+        "third",
+    ], worker.log()
+    attempts = dict(StageRecord.objects.filter(operation_id=job_id).values_list("stage", "attempts"))
+    assert attempts == {"first": 1, "second": 2, "third": 1}
+    assert job_events(broker, "staged", job_id) == [
+        ("first", 10), ("second", 20), ("second", 21), ("third", 30), ("done", 51)
+    ]

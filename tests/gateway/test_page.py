@@ -10,7 +10,7 @@ from urllib.parse import urljoin
 import pytest
 
 from config.redis_server import free_port
-from eventbus.pipelines import PIPELINES
+from eventbus.testing import events_of
 from tests.processes import Daphne, Manage, Worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -88,7 +88,7 @@ def seqs_in_log(page):
 
 def expected_bars(domain, payload):
     """(seq, progress) of every event the job publishes: the pipeline is deterministic."""
-    return [(event.seq, event.data["progress"]) for event in PIPELINES[domain](payload, stage_seconds=0).events()]
+    return [(seq, data["progress"]) for _stage, seq, data in events_of(domain, payload)]
 
 
 def bars_seen(page):
@@ -180,7 +180,7 @@ def test_chat_streams_its_answer_chunk_by_chunk_from_the_default_payload(walker,
     # One step of the bar per chunk, each the chunk's own progress, then 100.
     assert bars_seen(page) == expected
     assert len({progress for _, progress in expected}) == len(expected)
-    answer = "".join(e.data["text"] for e in PIPELINES["chat"](payload, stage_seconds=0).events() if "text" in e.data)
+    answer = "".join(data["text"] for _stage, _seq, data in events_of("chat", payload) if "text" in data)
     assert answer.startswith(f"You asked about {' '.join(prompt.split())}")
     assert page.locator(".job .answer").inner_text() == answer
 

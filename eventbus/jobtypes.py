@@ -1,0 +1,244 @@
+"""Job types: the public API a project declares its own jobs with.
+
+    from eventbus.jobtypes import JobType, Stage, register
+
+    @register
+    class Transcode(JobType):
+        name = "transcode"                      # the domain: its streams, its jobs API value
+        stages = (
+            Stage("fetch", "Fetching the file"),
+            Stage("encode", "Encoding"),
+        )
+
+        def clean_payload(self, payload):       # refuse a bad payload: POST /api/jobs/ answers 400
+            if "url" not in payload:
+                raise InvalidPayload({"url": "required"})
+            return payload
+
+        def fetch(self, ctx):                   # one method per stage, named after it
+            ctx.report(done=1, of=2, text="half way")   # a progress event, live
+            return {"path": download(ctx.payload["url"], idempotency_key=ctx.key)}
+
+        def encode(self, ctx):
+            return {"out": encode(ctx.results["fetch"]["path"])}
+
+        def outcome(self, results):             # data of the job's final event
+            return {"out": results["encode"]["out"]}
+
+A stage's work is plain Python. Its return value (JSON-serialisable) is recorded durably when
+the stage finishes, with the events it reported; a re-run of the job (a worker killed, a task
+redelivered) skips finished stages, republishes their recorded events (the bus drops the
+copies) and runs again only the stage that was in flight. `ctx.key` (job id + stage) is stable
+across runs: pass it to outside APIs that take an idempotency key, so even the interrupted
+stage's outside effect happens once.
+
+Seqs come from the declared stages: each stage owns a range of `Stage.width` seqs (10 by
+default) in declared order from 10, unless it names its first seq; the final event follows
+the last range (51 for up to four stages, the seed's numbering). A stage that reports nothing
+gets one event when it finishes. Progress goes from 0 to 100 over the stages (100 on the final
+event); `ctx.report(done=, of=)` moves it within a stage, `progress=` sets it outright.
+
+Register a type with `@register`, in a `jobs` module of an installed app (imported at startup),
+or list its dotted path in EVENTBUS["JOB_TYPES"].
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar
+
+from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+from django.utils.module_loading import import_string
+
+FIRST_SEQ = 10
+DEFAULT_WIDTH = 10
+# The seed's final seq: the done range is 50-59 and its one event is 51, for up to four stages.
+MIN_FINAL_SEQ = 51
+FINAL_STAGE = "done"
+
+
+class InvalidPayload(ValueError):
+    """A job's payload refused by its type's `clean_payload`: the jobs API answers 400 with
+    `errors` (a message, or a dict of field -> message)."""
+
+    def __init__(self, errors):
+        super().__init__(errors)
+        self.errors = errors
+
+
+class JobFailed(Exception):
+    """Raised by a stage to end the job FAILED, with `reason` in its final event. Any other
+    exception fails the job too (with the exception's type), except Redis or database errors,
+    which are retried."""
+
+    def __init__(self, reason: str, **data):
+        super().__init__(reason)
+        self.reason, self.data = reason, data
+
+
+class UnknownJobType(LookupError):
+    pass
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    label: str = ""
+    # The stage's first seq; None: right after the previous stage's range.
+    first_seq: int | None = None
+    # How many events the stage may report (its seq range).
+    width: int = DEFAULT_WIDTH
+
+    def __post_init__(self):
+        if not self.name.isidentifier() or self.name == FINAL_STAGE:
+            raise ImproperlyConfigured(f"Stage name {self.name!r} must be an identifier other than {FINAL_STAGE!r}.")
+        if self.width < 1:
+            raise ImproperlyConfigured(f"Stage {self.name!r}: width must be at least 1.")
+
+
+@dataclass(frozen=True)
+class PlannedStage:
+    """A stage with its place in the job: index, seq range and progress span."""
+
+    stage: Stage
+    index: int
+    first_seq: int
+    progress_from: float
+    progress_to: float
+
+    @property
+    def name(self) -> str:
+        return self.stage.name
+
+    @property
+    def label(self) -> str:
+        return self.stage.label or self.stage.name.replace("_", " ").capitalize()
+
+    def seq(self, sub_seq: int) -> int:
+        if not 0 <= sub_seq < self.stage.width:
+            raise ValueError(
+                f"Stage {self.name!r} reported more than {self.stage.width} events; "
+                f"declare Stage({self.name!r}, width=...) to allow more."
+            )
+        return self.first_seq + sub_seq
+
+    def progress(self, done: float, of: float) -> int:
+        fraction = min(max(done / of, 0.0), 1.0) if of else 1.0
+        return int(self.progress_from + (self.progress_to - self.progress_from) * fraction)
+
+
+class JobType:
+    """Subclass, set `name` and `stages`, and write one method per stage (see the module doc)."""
+
+    name: ClassVar[str] = ""
+    stages: ClassVar[tuple[Stage, ...]] = ()
+    # Shards of this type's stream (EVENTBUS["DOMAINS"] may override it).
+    shards: ClassVar[int] = 4
+    final_label: ClassVar[str] = "Done"
+
+    def clean_payload(self, payload: dict) -> dict:
+        """The payload to accept, or raise InvalidPayload. Default: any JSON object."""
+        return payload
+
+    def outcome(self, results: dict[str, Any]) -> dict:
+        """Data for the final event of a completed job, from each stage's result."""
+        return {}
+
+    # -- what the toolkit derives from the declaration ------------------------------------
+
+    @classmethod
+    def plan(cls) -> list[PlannedStage]:
+        return _plan(cls)
+
+    @classmethod
+    def final_seq(cls) -> int:
+        planned = cls.plan()
+        end = max((p.first_seq + p.stage.width for p in planned), default=FIRST_SEQ)
+        # The final event opens the range after the last stage's, as done's 51 does.
+        return max(MIN_FINAL_SEQ, -(-end // 10) * 10 + 1)
+
+    def work_of(self, stage: Stage) -> Callable:
+        return getattr(self, stage.name)
+
+
+def _plan(job_type: type[JobType]) -> list[PlannedStage]:
+    planned, next_seq, n = [], FIRST_SEQ, len(job_type.stages)
+    for index, stage in enumerate(job_type.stages):
+        first = next_seq if stage.first_seq is None else stage.first_seq
+        # Progress spans: stage i of n ends at 100 * (i + 1) / (n + 1); the final event is 100.
+        planned.append(PlannedStage(stage, index, first, 100 * index / (n + 1), 100 * (index + 1) / (n + 1)))
+        next_seq = first + stage.width
+    return planned
+
+
+def validate(job_type: type[JobType]) -> None:
+    """Refuse a declaration the toolkit could not run: checked when it is registered."""
+    where = f"Job type {job_type.__qualname__}"
+    if not isinstance(job_type.name, str) or not job_type.name.isidentifier():
+        raise ImproperlyConfigured(f"{where}: name must be an identifier (it names Redis keys), not {job_type.name!r}.")
+    if not job_type.stages:
+        raise ImproperlyConfigured(f"{where}: declare at least one Stage.")
+    names = [stage.name for stage in job_type.stages]
+    if len(set(names)) != len(names):
+        raise ImproperlyConfigured(f"{where}: stage names repeat: {names}.")
+    last_end = 0
+    for planned in _plan(job_type):
+        if planned.first_seq < max(last_end, 1):
+            raise ImproperlyConfigured(f"{where}: stage {planned.name!r} starts at seq {planned.first_seq}, "
+                                       f"inside the range before it (seqs must rise stage by stage).")
+        last_end = planned.first_seq + planned.stage.width
+        if not callable(getattr(job_type, planned.name, None)):
+            raise ImproperlyConfigured(f"{where}: stage {planned.name!r} needs a method {planned.name}(self, ctx).")
+
+
+_DECORATED: dict[str, type[JobType]] = {}  # by @register
+_registry: dict[str, type[JobType]] | None = None  # with EVENTBUS["JOB_TYPES"], built on first use
+
+
+def _add(types: dict[str, type[JobType]], job_type: type[JobType]) -> None:
+    validate(job_type)
+    existing = types.get(job_type.name)
+    if existing is not None and existing is not job_type:
+        raise ImproperlyConfigured(
+            f"Two job types are named {job_type.name!r}: {existing.__module__}.{existing.__qualname__} "
+            f"and {job_type.__module__}.{job_type.__qualname__}."
+        )
+    types[job_type.name] = job_type
+
+
+def register(job_type: type[JobType]) -> type[JobType]:
+    """Class decorator: make `job_type` runnable and accepted by the jobs API."""
+    global _registry
+    _add(dict(registry()), job_type)  # refused when another type has its name
+    _add(_DECORATED, job_type)
+    _registry = None
+    return job_type
+
+
+def registry() -> dict[str, type[JobType]]:
+    """Every registered job type by name: those of EVENTBUS["JOB_TYPES"] and of @register."""
+    global _registry
+    if _registry is None:
+        from .conf import eventbus_settings
+
+        types = dict(_DECORATED)
+        for path in eventbus_settings.JOB_TYPES:
+            _add(types, import_string(path))
+        _registry = types
+    return _registry
+
+
+def _on_setting_changed(*, setting, **kwargs):
+    global _registry
+    if setting == "EVENTBUS":
+        _registry = None
+
+
+setting_changed.connect(_on_setting_changed, weak=False)
+
+
+def job_type(name: str) -> type[JobType]:
+    try:
+        return registry()[name]
+    except (KeyError, TypeError):
+        raise UnknownJobType(f"No job type {name!r}; registered: {sorted(registry())}") from None
