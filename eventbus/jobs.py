@@ -1,4 +1,4 @@
-"""Jobs: enqueue an accepted Operation once, and run it once (the services behind run_job).
+"""Jobs: run an accepted Operation once (the service behind the run_job task, eventbus.tasks).
 
 Delivery is at least once (acks_late, reject_on_worker_lost, the sweep), so a job's task can
 arrive twice or run again after a crash. The run is made safe to repeat three ways:
@@ -19,12 +19,12 @@ import uuid
 from contextlib import contextmanager
 
 import redis
-from django.db import DatabaseError, InterfaceError, OperationalError
-from django.utils import timezone
+from django.db import InterfaceError, OperationalError
 from redis.exceptions import LockError
 
 from idempotency.models import Operation
 
+from . import lifecycle
 from .conf import eventbus_settings
 from .jobtypes import JobFailed, JobType, UnknownJobType, job_type
 from .keys import JobKeys, UnknownDomain
@@ -34,7 +34,6 @@ from .stages import DeadlinePassed, publish_final, run_stages
 logger = logging.getLogger(__name__)
 
 State = Operation.State
-FINAL_STATES = (State.COMPLETED, State.FAILED, State.TIMED_OUT)
 
 # Worth another attempt later rather than failing the job: Redis or the database went away.
 TRANSIENT_ERRORS = (redis.ConnectionError, redis.TimeoutError, OperationalError, InterfaceError)
@@ -49,7 +48,7 @@ class JobBusy(Exception):
         self.retry_in = retry_in
 
 
-class LeaseLost(Exception):
+class RunLeaseLost(Exception):
     """The run's lease expired and another run took the job over."""
 
 
@@ -77,7 +76,7 @@ class RunLease:
         try:
             self.lock.extend(self.seconds, replace_ttl=True)
         except LockError as exc:
-            raise LeaseLost(f"Lease {self.key} was lost: {exc}") from exc
+            raise RunLeaseLost(f"Lease {self.key} was lost: {exc}") from exc
 
     def release(self) -> None:
         try:
@@ -122,11 +121,11 @@ def run(job_id: str, *, fail_on_transient: bool = True) -> str:
     the database failed and `fail_on_transient` is false (the task retries; on its last
     attempt the job fails instead).
     """
-    operation = Operation.objects.filter(pk=job_id).first()
+    operation = lifecycle.get(job_id)
     if operation is None:
         logger.warning("Job %s: no such operation, nothing to run", job_id)
         return "missing"
-    if operation.state in FINAL_STATES:
+    if lifecycle.is_final(operation):
         logger.info("Job %s is %s already; not run again", job_id, operation.state)
         return "skipped"
     try:
@@ -138,12 +137,12 @@ def run(job_id: str, *, fail_on_transient: bool = True) -> str:
     if not lease.acquire():
         raise JobBusy(job_id, lease.retry_in())
     try:
-        operation.refresh_from_db(fields=["state"])  # the lease's previous holder may have finished it
-        if operation.state in FINAL_STATES:
+        lifecycle.refresh_state(operation)  # the lease's previous holder may have finished it
+        if lifecycle.is_final(operation):
             return "skipped"
-        if _past_deadline(operation):
+        if lifecycle.past_deadline(operation):
             return _conclude(operation, job, State.TIMED_OUT)
-        Operation.objects.filter(pk=operation.pk, state=State.PENDING).update(state=State.RUNNING)
+        lifecycle.start(operation)
         logger.info("Job %s running (%s, was %s)", job_id, operation.domain, operation.state)
         return _run_stages(operation, job, lease)
     except DeadlinePassed:
@@ -151,7 +150,7 @@ def run(job_id: str, *, fail_on_transient: bool = True) -> str:
     except JobFailed as failure:
         logger.warning("Job %s failed: %s", job_id, failure.reason)
         return _conclude(operation, job, State.FAILED, error=failure.reason, **failure.data)
-    except LeaseLost as exc:
+    except RunLeaseLost as exc:
         logger.warning("Job %s: %s; its new run finishes it", job_id, exc)
         return "lease_lost"
     except TRANSIENT_ERRORS as exc:
@@ -170,7 +169,7 @@ def run(job_id: str, *, fail_on_transient: bool = True) -> str:
 def _run_stages(operation: Operation, job: JobType, lease: RunLease) -> str:
     def after_event() -> None:
         lease.renew()
-        if _past_deadline(operation):
+        if lifecycle.past_deadline(operation):
             raise DeadlinePassed()
 
     with lease.kept_alive():  # a stage may run longer than the lease between two events
@@ -179,13 +178,6 @@ def _run_stages(operation: Operation, job: JobType, lease: RunLease) -> str:
         publish_final(operation, job, State.COMPLETED, **outcome)
     # The final event is out; only the database is left to tell.
     return _record_end(operation, State.COMPLETED)
-
-
-def _past_deadline(operation: Operation) -> bool:
-    if operation.deadline is not None and timezone.now() > operation.deadline:
-        logger.warning("Job %s passed its deadline %s", operation.op_id, operation.deadline.isoformat())
-        return True
-    return False
 
 
 def _conclude(operation: Operation, job: JobType | None, state: str, **data) -> str:
@@ -200,37 +192,5 @@ def _conclude(operation: Operation, job: JobType | None, state: str, **data) -> 
 
 
 def _record_end(operation: Operation, state: str) -> str:
-    ended = Operation.objects.filter(pk=operation.pk, state__in=(State.PENDING, State.RUNNING)).update(
-        state=state, completed_at=timezone.now()
-    )
-    if ended:
-        logger.info("Job %s %s", operation.op_id, state)
+    lifecycle.end(operation, state)
     return state
-
-
-def enqueue(operation: Operation) -> bool:
-    """Send the operation's run_job task, then record enqueued_at. True when it was sent.
-
-    Runs after the accepting transaction committed (accept(on_accepted=enqueue)), so it never
-    raises: the client's 201 stands either way. When the broker is unreachable it gives up
-    fast (CELERY_BROKER_TRANSPORT_OPTIONS) and leaves enqueued_at NULL; the sweep
-    (eventbus.sweep.enqueue_pending) sends the task later. The task id is the job id, so a
-    duplicate message of one job is recognisable (and harmless: see `run`).
-    """
-    from .tasks import run_job
-
-    job_id = str(operation.op_id)
-    try:
-        run_job.apply_async((job_id,), task_id=job_id, retry=False)
-    except Exception:
-        logger.warning(
-            "Job %s not enqueued (broker unreachable?); the sweep will enqueue it", job_id, exc_info=True
-        )
-        return False
-    now = timezone.now()
-    try:
-        Operation.objects.filter(pk=operation.pk, enqueued_at__isnull=True).update(enqueued_at=now)
-    except DatabaseError:
-        logger.warning("Job %s enqueued, but enqueued_at not recorded; the sweep may send it again", job_id)
-    operation.enqueued_at = now
-    return True

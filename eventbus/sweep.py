@@ -12,10 +12,9 @@ from datetime import timedelta
 
 from django.utils import timezone
 
-from idempotency.models import Operation
-
-from .jobs import enqueue
+from . import lifecycle
 from .stopping import GracefulStop
+from .tasks import enqueue
 
 logger = logging.getLogger(__name__)
 
@@ -26,9 +25,7 @@ def enqueue_pending(*, older_than_seconds: float = 30, limit: int = 1000) -> int
     Returns how many were enqueued; stops at the first failure (the broker is still down).
     """
     cutoff = timezone.now() - timedelta(seconds=older_than_seconds)
-    pending = Operation.objects.filter(
-        state=Operation.State.PENDING, enqueued_at__isnull=True, accepted_at__lte=cutoff
-    ).order_by("accepted_at")[:limit]
+    pending = lifecycle.never_enqueued(accepted_before=cutoff, limit=limit)
     enqueued = 0
     for operation in pending:
         if not enqueue(operation):

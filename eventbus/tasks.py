@@ -1,7 +1,12 @@
-"""Celery tasks of the event bus. Thin: the work is in eventbus.jobs."""
+"""The event bus's Celery side: `enqueue` sends a job's run_job task; the task is thin and
+calls eventbus.jobs."""
+import logging
+
 from celery import shared_task
 
-from . import jobs
+from . import jobs, lifecycle
+
+logger = logging.getLogger(__name__)
 
 
 @shared_task(
@@ -26,3 +31,24 @@ def run_job(self, job_id: str, failures: int = 0) -> str:
         if final_attempt:
             raise
         raise self.retry(exc=exc, countdown=min(2**failures, 30), kwargs={"failures": failures + 1})
+
+
+def enqueue(operation) -> bool:
+    """Send the operation's run_job task, then record it enqueued. True when it was sent.
+
+    Runs after the accepting transaction committed (accept(on_accepted=enqueue)), so it never
+    raises: the client's 201 stands either way. When the broker is unreachable it gives up
+    fast (CELERY_BROKER_TRANSPORT_OPTIONS) and leaves enqueued_at NULL; the sweep
+    (eventbus.sweep.enqueue_pending) sends the task later. The task id is the job id, so a
+    duplicate message of one job is recognisable (and harmless: see eventbus.jobs).
+    """
+    job_id = str(operation.op_id)
+    try:
+        run_job.apply_async((job_id,), task_id=job_id, retry=False)
+    except Exception:
+        logger.warning(
+            "Job %s not enqueued (broker unreachable?); the sweep will enqueue it", job_id, exc_info=True
+        )
+        return False
+    lifecycle.mark_enqueued(operation)
+    return True

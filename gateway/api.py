@@ -4,7 +4,7 @@ from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from eventbus.jobs import enqueue
+from eventbus.tasks import enqueue
 from eventbus.selectors import latest_event
 from idempotency.decorators import idempotency_key
 from idempotency.exceptions import IdempotencyKeyMismatch

@@ -151,7 +151,7 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "unacked_restore_interval": max(1, min(10, _visibility_timeout // 10)),
     "unacked_restore_throttle": 1,
     # Sending a task to an unreachable broker fails in well under a second (connection refused)
-    # or 2 x 1 s (no answer) instead of retrying: eventbus.jobs.enqueue then leaves the
+    # or 2 x 1 s (no answer) instead of retrying: eventbus.tasks.enqueue then leaves the
     # operation to the sweep, and the request that accepted it is not held up.
     "max_retries": 1,
     "interval_start": 0,

@@ -957,7 +957,7 @@ class Checker:
         """One execution to completion per job: the worker logs tell (across every restart).
 
         - `Job <id> COMPLETED`: logged once the conditional UPDATE moved the job to COMPLETED
-          (eventbus.jobs._record_end): it must appear exactly once.
+          (eventbus.lifecycle.end): it must appear exactly once.
         - `Task eventbus.run_job[<id>] succeeded ...: 'COMPLETED'`: a run that went through the
           pipeline to its end; more than one means the job's work ran to completion twice.
         Re-deliveries after a kill are expected and counted: they end 'skipped' (already

@@ -16,7 +16,7 @@ import redis
 from django.core.management import call_command
 from django.utils import timezone
 
-from eventbus import jobs, stages
+from eventbus import jobs, stages, tasks
 from config.jobs import ScanJob
 from eventbus.keys import JobKeys
 from eventbus.publish import publish_event
@@ -98,7 +98,7 @@ def test_a_lease_taken_over_is_neither_renewed_nor_released(redis_client, make_o
     assert first.acquire() and not second.acquire()
     redis_client.delete(first.key)  # expired
     assert second.acquire()
-    with pytest.raises(jobs.LeaseLost):
+    with pytest.raises(jobs.RunLeaseLost):
         first.renew()
     first.release()
     assert redis_client.exists(second.key)
@@ -112,7 +112,7 @@ def test_a_run_whose_lease_is_taken_over_stops(redis_client, make_operation, mon
     operation = make_operation()
 
     def renew(lease):
-        raise jobs.LeaseLost("taken over")
+        raise jobs.RunLeaseLost("taken over")
 
     monkeypatch.setattr(jobs.RunLease, "renew", renew)
     assert jobs.run(str(operation.op_id)) == "lease_lost"
@@ -186,7 +186,7 @@ def test_a_missing_operation_is_not_run(redis_client):
 @pytest.mark.django_db
 def test_enqueue_sends_one_task_named_after_the_job(broker, make_operation):
     operation = make_operation()
-    assert jobs.enqueue(operation)
+    assert tasks.enqueue(operation)
     assert queued_task_ids(broker) == [str(operation.op_id)]
     assert Operation.objects.get(pk=operation.pk).enqueued_at is not None
 
@@ -196,7 +196,7 @@ def test_enqueue_with_the_broker_down_gives_up_fast_and_never_raises(broker, mak
     operation = make_operation()
     with broker_down():
         started = time.monotonic()
-        assert jobs.enqueue(operation) is False
+        assert tasks.enqueue(operation) is False
         assert time.monotonic() - started < 3  # connection refused: no retry loop
     assert Operation.objects.get(pk=operation.pk).enqueued_at is None
     assert f"Job {operation.op_id} not enqueued" in caplog.text

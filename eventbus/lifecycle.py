@@ -1,0 +1,78 @@
+"""A job's life cycle: every change of an Operation's state after its acceptance is made here.
+
+    accepted (idempotency.services.accept) -> PENDING
+    enqueued                               -> enqueued_at set (the run_job task reached the broker)
+    a run starts                           -> RUNNING
+    the run ends                           -> COMPLETED | FAILED | TIMED_OUT (final: never left)
+
+Each change is a compare-and-set on the state it leaves, so two runs of one job (a task
+delivered twice) cannot move it backwards or end it twice.
+"""
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+from django.db import DatabaseError
+from django.utils import timezone
+
+from idempotency.models import Operation
+
+logger = logging.getLogger(__name__)
+
+State = Operation.State
+FINAL_STATES = (State.COMPLETED, State.FAILED, State.TIMED_OUT)
+
+
+def get(job_id: str) -> Operation | None:
+    return Operation.objects.filter(pk=job_id).first()
+
+
+def is_final(operation: Operation) -> bool:
+    return operation.state in FINAL_STATES
+
+
+def refresh_state(operation: Operation) -> str:
+    operation.refresh_from_db(fields=["state"])
+    return operation.state
+
+
+def start(operation: Operation) -> None:
+    """PENDING -> RUNNING (a re-run finds it RUNNING already)."""
+    Operation.objects.filter(pk=operation.pk, state=State.PENDING).update(state=State.RUNNING)
+
+
+def end(operation: Operation, state: str) -> bool:
+    """PENDING or RUNNING -> a final state; False when it had ended already."""
+    assert state in FINAL_STATES, state
+    ended = Operation.objects.filter(pk=operation.pk, state__in=(State.PENDING, State.RUNNING)).update(
+        state=state, completed_at=timezone.now()
+    )
+    if ended:
+        logger.info("Job %s %s", operation.op_id, state)
+    return bool(ended)
+
+
+def past_deadline(operation: Operation) -> bool:
+    if operation.deadline is not None and timezone.now() > operation.deadline:
+        logger.warning("Job %s passed its deadline %s", operation.op_id, operation.deadline.isoformat())
+        return True
+    return False
+
+
+def mark_enqueued(operation: Operation) -> None:
+    """Record that the job's task reached the broker (the sweep leaves it alone from now)."""
+    now = timezone.now()
+    try:
+        Operation.objects.filter(pk=operation.pk, enqueued_at__isnull=True).update(enqueued_at=now)
+    except DatabaseError:
+        logger.warning("Job %s enqueued, but enqueued_at not recorded; the sweep may send it again",
+                       operation.op_id)
+    operation.enqueued_at = now
+
+
+def never_enqueued(*, accepted_before: datetime, limit: int):
+    """PENDING operations whose task never reached the broker, oldest first (a selector)."""
+    return Operation.objects.filter(
+        state=State.PENDING, enqueued_at__isnull=True, accepted_at__lte=accepted_before
+    ).order_by("accepted_at")[:limit]
