@@ -48,5 +48,11 @@ bench-gateway: $(BENCH_STAMP)
 chaos: setup
 	$(PY) -m tests.e2e.chaos $(CHAOS_ARGS)
 
+# The toolkit installed from its wheel into a new startproject project outside the checkout,
+# run end to end (tests/smoke/run_smoke.sh; SPEC §10).
+.PHONY: smoke
+smoke: setup
+	PYTHON=$(PY) bash tests/smoke/run_smoke.sh
+
 clean:
 	rm -rf $(VENV) .run db.sqlite3

@@ -10,12 +10,22 @@ from django.core.signals import setting_changed
 
 from .conf import eventbus_settings
 
+# Where the bus looks when the project names no Redis: a local server, as redis-py does.
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
 _lock = threading.Lock()
 _client = None
 
 
+def redis_url() -> str:
+    """The bus's Redis: EVENTBUS["REDIS_URL"], else the project's REDIS_URL setting, else a local
+    server. The apps read no other project setting for it, so any project can point them at its
+    Redis with either name (the gateway's hub uses the same URL)."""
+    return eventbus_settings.REDIS_URL or getattr(settings, "REDIS_URL", None) or DEFAULT_REDIS_URL
+
+
 def get_redis():
-    """A client for REDIS_URL: a redis.Redis, or a RedisCluster when EVENTBUS['CLUSTER']."""
+    """A client for redis_url(): a redis.Redis, or a RedisCluster when EVENTBUS['CLUSTER']."""
     global _client
     if _client is None:
         with _lock:
@@ -25,12 +35,12 @@ def get_redis():
 
 
 def make_redis(*, client_name: str | None = None):
-    """A new client for REDIS_URL (get_redis() shares one); a named one shows in CLIENT LIST."""
+    """A new client for redis_url() (get_redis() shares one); a named one shows in CLIENT LIST."""
     if eventbus_settings.CLUSTER:
         from redis.cluster import RedisCluster
 
-        return RedisCluster.from_url(settings.REDIS_URL, client_name=client_name)
-    return redis.Redis.from_url(settings.REDIS_URL, client_name=client_name)
+        return RedisCluster.from_url(redis_url(), client_name=client_name)
+    return redis.Redis.from_url(redis_url(), client_name=client_name)
 
 
 def make_async_redis():
@@ -38,10 +48,10 @@ def make_async_redis():
     if eventbus_settings.CLUSTER:
         from redis.asyncio.cluster import RedisCluster
 
-        return RedisCluster.from_url(settings.REDIS_URL)
+        return RedisCluster.from_url(redis_url())
     import redis.asyncio
 
-    return redis.asyncio.Redis.from_url(settings.REDIS_URL)
+    return redis.asyncio.Redis.from_url(redis_url())
 
 
 def is_cluster(client) -> bool:

@@ -15,10 +15,10 @@ import weakref
 from typing import Protocol
 
 import redis.asyncio as aioredis
-from django.conf import settings
 from redis.asyncio.client import PubSub
 
 from eventbus.conf import eventbus_settings
+from eventbus.redis import redis_url
 
 from .conf import gateway_settings
 
@@ -158,7 +158,7 @@ def get_hub() -> Hub:
     loop = asyncio.get_running_loop()
     hub = _hubs.get(loop)
     if hub is None:
-        hub = _hubs[loop] = Hub(settings.REDIS_URL)
+        hub = _hubs[loop] = Hub(redis_url())
     return hub
 
 

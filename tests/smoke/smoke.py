@@ -1,0 +1,495 @@
+"""The installed-toolkit smoke test (SPEC §10), driven by tests/smoke/run_smoke.sh.
+
+Runs with the Python of a fresh virtualenv outside the repository, into which only the built
+wheel (and `websockets`, for the WebSocket client) was installed, so every import of
+`idempotency`, `eventbus` or `gateway` comes from the wheel. Subcommands:
+
+    smoke.py wheel WHEEL              the wheel ships the apps' data files, and no demo code
+    smoke.py project README DIR       write the README's settings lines into the startproject
+                                      project in DIR, then add the project's own app `shop`
+    smoke.py run DIR                  start Redis, a Celery worker, run_router and daphne for
+                                      that project, and check it end to end
+
+`run` checks that a keyed POST to the project's own DRF view runs once and its retry replays,
+and that a job of the project's own type runs through the worker and the router to a WebSocket
+client, which gets each of its events once, in seq order, ending with the final one. It stops
+every process it started, whatever happens, and exits 1 with the reason and the processes'
+logs on failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+import zipfile
+from pathlib import Path
+
+PROJECT = "smokeproj"
+HERE = Path(__file__).resolve().parent
+# The README's blocks CI runs: `<!-- smoke: append|write mysite/<file> -->` just above a fence.
+README_BLOCK = re.compile(r"<!-- smoke: (append|write) (\S+) -->\s*\n```[a-z]*\n(.*?)\n```", re.DOTALL)
+README_FILES = {"settings.py", "urls.py", "asgi.py", "celery.py", "__init__.py"}
+# The Greet job of shop/jobs.py: (stage, seq) of each event, as the toolkit numbers them.
+EXPECTED_EVENTS = [("prepare", 10), ("write", 20), ("write", 21), ("write", 22), ("done", 51)]
+
+
+class SmokeFailure(Exception):
+    pass
+
+
+def check(condition, message: str) -> None:
+    if not condition:
+        raise SmokeFailure(message)
+
+
+def say(message: str) -> None:
+    print(f"smoke: {message}", flush=True)
+
+
+# -- wheel ---------------------------------------------------------------------------------
+
+
+def check_wheel(wheel: Path) -> None:
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {name.split("/")[0] for name in names if not name.split("/")[0].endswith((".dist-info", ".data"))}
+    check(
+        tops == {"idempotency", "eventbus", "gateway"}, f"the wheel's top-level packages are {sorted(tops)}"
+    )
+    for required in (
+        "eventbus/lua/publish.lua",
+        "eventbus/lua/route.lua",
+        "eventbus/migrations/0001_initial.py",
+        "idempotency/migrations/0001_initial.py",
+        "eventbus/management/commands/run_router.py",
+        "gateway/static/gateway/app.js",
+        "gateway/templates/gateway/index.html",
+        "gateway/templates/gateway/login.html",
+    ):
+        check(required in names, f"the wheel lacks {required}")
+    check(not any("__pycache__" in name for name in names), "the wheel ships __pycache__")
+    say(f"{wheel.name}: {len(names)} files, data files included, no demo code")
+
+
+# -- project -------------------------------------------------------------------------------
+
+
+def write_project(readme: Path, root: Path) -> None:
+    """What a team does after `django-admin startproject`: the README's lines, then its own app."""
+    blocks = README_BLOCK.findall(readme.read_text())
+    covered = {path.split("/", 1)[1] for _, path, _ in blocks if path.startswith("mysite/")}
+    check(
+        README_FILES <= covered,
+        f"README.md has no <!-- smoke: ... mysite/X --> block for {sorted(README_FILES - covered)} "
+        "(the 'Use it in your project' section)",
+    )
+    for mode, path, code in blocks:
+        target = root / path.replace("mysite", PROJECT, 1)
+        code = code.replace("mysite", PROJECT) + "\n"
+        if mode == "write" or not target.exists():
+            target.write_text(code)
+        else:
+            target.write_text(
+                target.read_text() + "\n\n# From the README's 'Use it in your project'.\n" + code
+            )
+    # The project's own, beyond the README: its app, and SQLite waiting for its lock, as four
+    # processes (daphne, the worker, the router, this script) share the file.
+    (root / PROJECT / "settings.py").write_text(
+        (root / PROJECT / "settings.py").read_text()
+        + '\n\n# The smoke project\'s own.\nINSTALLED_APPS += ["shop"]\nDATABASES["default"]["OPTIONS"] = {"timeout": 20}\n'
+    )
+    (root / PROJECT / "urls.py").write_text(
+        (root / PROJECT / "urls.py").read_text()
+        + '\n\n# The smoke project\'s own.\nurlpatterns += [path("shop/", include("shop.urls"))]\n'
+    )
+    shutil.copytree(HERE / "shop", root / "shop", ignore=shutil.ignore_patterns("__pycache__"))
+    say(f"project {PROJECT} written from README.md ({len(blocks)} blocks) plus the app shop")
+
+
+# -- run -----------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Stack:
+    """The project's processes, each in a session of its own, logging to a file; stopped in
+    reverse order by their own pids (SIGTERM, then SIGKILL after a grace period)."""
+
+    def __init__(self, root: Path, env: dict):
+        self.root, self.env = root, env
+        self.processes: list[tuple[str, subprocess.Popen, Path]] = []
+
+    def start(self, name: str, *command: str) -> subprocess.Popen:
+        log_path = self.root / f"{name}.log"
+        with open(log_path, "wb") as log:
+            process = subprocess.Popen(
+                command,
+                cwd=self.root,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        self.processes.append((name, process, log_path))
+        with open(self.root / "pids", "a") as pids:  # for run_smoke.sh, should this script be killed
+            pids.write(f"{process.pid}\n")
+        return process
+
+    def check_alive(self) -> None:
+        for name, process, _ in self.processes:
+            check(process.poll() is None, f"{name} exited with {process.returncode}")
+
+    def stop(self) -> None:
+        # One at a time, the last started first: Redis stops after everything that uses it.
+        for name, process, _ in reversed(self.processes):
+            try:
+                os.killpg(process.pid, signal.SIGTERM)
+                process.wait(10)
+            except ProcessLookupError:
+                pass  # its group is gone already
+            except subprocess.TimeoutExpired:
+                say(f"{name} did not stop on SIGTERM within 10 s; killing it")
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(5)
+        (self.root / "pids").unlink(missing_ok=True)
+
+    def dump_logs(self) -> None:
+        for name, _, log_path in self.processes:
+            lines = log_path.read_text(errors="replace").splitlines()[-40:]
+            print(f"----- {name} ({log_path}), last {len(lines)} lines -----", file=sys.stderr)
+            print("\n".join(lines), file=sys.stderr)
+
+
+def wait_for(predicate, *, until: float, what: str, stack: Stack | None = None, interval: float = 0.1):
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if stack is not None:
+            stack.check_alive()
+        check(time.monotonic() < until, f"timed out waiting for {what}")
+        time.sleep(interval)
+
+
+def port_open(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), 0.5).close()
+        return True
+    except OSError:
+        return False
+
+
+def http(
+    method: str,
+    url: str,
+    *,
+    token: str | None = None,
+    cookie: str | None = None,
+    body=None,
+    key: str | None = None,
+):
+    """(status, headers, parsed body) of one request; error statuses are answers, not raises."""
+    headers = {"Accept": "application/json"}
+    if token:
+        headers["Authorization"] = f"Token {token}"
+    if cookie:
+        headers["Cookie"] = cookie
+    if key:
+        headers["Idempotency-Key"] = key
+    data = None
+    if body is not None:
+        data = json.dumps(body).encode()
+        headers["Content-Type"] = "application/json"
+    request = urllib.request.Request(url, data=data, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=15) as response:
+            status, response_headers, raw = response.status, response.headers, response.read()
+    except urllib.error.HTTPError as error:
+        status, response_headers, raw = error.code, error.headers, error.read()
+    content_type = response_headers.get("Content-Type", "")
+    parsed = json.loads(raw) if "json" in content_type and raw else raw.decode(errors="replace")
+    return status, response_headers, parsed
+
+
+def manage(root: Path, env: dict, *args: str, until: float) -> str:
+    result = subprocess.run(
+        [sys.executable, "manage.py", *args],
+        check=False,
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=max(1, until - time.monotonic()),
+    )
+    check(result.returncode == 0, f"manage.py {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+    return result.stdout
+
+
+def check_installed_from_wheel() -> None:
+    """Nothing comes from the checkout: the apps are the wheel's, the demo project is absent."""
+    import importlib.util
+
+    site = Path(sys.prefix).resolve()
+    for name in ("idempotency", "eventbus", "gateway"):
+        origin = Path(importlib.util.find_spec(name).origin).resolve()
+        check(
+            site in origin.parents and "site-packages" in origin.parts,
+            f"{name} is imported from {origin}, not from this virtualenv's site-packages",
+        )
+    for name in ("config", "tests", "bench"):
+        check(importlib.util.find_spec(name) is None, f"the demo's {name!r} is importable here")
+
+
+def users(root: Path):
+    """A user, their DRF token and a logged-in session cookie, made through Django itself."""
+    import django
+
+    django.setup()
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+    from rest_framework.authtoken.models import Token
+
+    user = get_user_model().objects.create_user("smoke", password=uuid.uuid4().hex)
+    token = Token.objects.create(user=user).key
+    client = Client()
+    client.force_login(user)  # a session in the database, as the login view makes it
+    from django.conf import settings
+
+    session = client.cookies[settings.SESSION_COOKIE_NAME].value
+    return token, f"{settings.SESSION_COOKIE_NAME}={session}"
+
+
+def order_count() -> int:
+    from shop.models import Order
+
+    return Order.objects.count()
+
+
+def check_idempotency(base: str, token: str) -> None:
+    key = f"smoke-order-{uuid.uuid4()}"
+    status, _, body = http("POST", f"{base}/shop/orders/", token=token, body={"item": "book"})
+    check(status == 400, f"a POST without a key to a 'required' view got {status}, not 400: {body}")
+    first = http("POST", f"{base}/shop/orders/", token=token, body={"item": "book"}, key=key)
+    check(first[0] == 201, f"the keyed POST got {first[0]}: {first[2]}")
+    check(first[1].get("Idempotent-Replayed") is None, "the first POST was marked replayed")
+    again = http("POST", f"{base}/shop/orders/", token=token, body={"item": "book"}, key=key)
+    check(again[0] == 201 and again[2] == first[2], f"the retry got {again[0]} {again[2]}, not {first[2]}")
+    check(again[1].get("Idempotent-Replayed") == "true", "the retry has no 'Idempotent-Replayed: true'")
+    check(order_count() == 1, f"{order_count()} orders after a POST and its retry, not 1")
+    other = http("POST", f"{base}/shop/orders/", token=token, body={"item": "pen"}, key=key)
+    check(other[0] == 422, f"the same key with another body got {other[0]}, not 422")
+    say("idempotency: the keyed POST ran once, its retry replayed (Idempotent-Replayed: true), one row")
+
+
+def watch_job(ws_url: str, cookie: str, origin: str, until: float) -> list[dict]:
+    """Every frame of the job's socket until its final event, then a second more for strays."""
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    frames: list[dict] = []
+    with connect(
+        f"{ws_url}?last_seq=0", origin=origin, additional_headers={"Cookie": cookie}, open_timeout=10
+    ) as socket_:
+        final_at = None
+        while True:
+            now = time.monotonic()
+            stop = min(until, final_at + 1.0) if final_at else until
+            if now >= stop:
+                break
+            try:
+                frame = json.loads(socket_.recv(timeout=stop - now))
+            except TimeoutError:
+                break
+            except ConnectionClosed as closed:
+                raise SmokeFailure(f"the job's socket closed: {closed}; frames so far: {frames}") from None
+            frames.append(frame)
+            if frame.get("type") == "event" and frame.get("data", {}).get("final") and final_at is None:
+                final_at = time.monotonic()
+    check(final_at is not None, f"no final event before the deadline; frames: {frames}")
+    return frames
+
+
+def check_job(base: str, token: str, cookie: str, until: float) -> None:
+    status, _, body = http(
+        "POST",
+        f"{base}/api/jobs/",
+        token=token,
+        key=f"smoke-bad-{uuid.uuid4()}",
+        body={"domain": "no-such-type", "payload": {}},
+    )
+    check(status == 400, f"an unregistered job type got {status}, not 400: {body}")
+    key = f"smoke-job-{uuid.uuid4()}"
+    status, _, job = http(
+        "POST",
+        f"{base}/api/jobs/",
+        token=token,
+        key=key,
+        body={"domain": "greet", "payload": {"who": "smoke"}},
+    )
+    check(status == 201, f"POST /api/jobs/ for the project's own type got {status}: {job}")
+    replay = http(
+        "POST",
+        f"{base}/api/jobs/",
+        token=token,
+        key=key,
+        body={"domain": "greet", "payload": {"who": "smoke"}},
+    )
+    check(replay[2] == job and replay[1].get("Idempotent-Replayed") == "true", f"the job's retry: {replay}")
+    from idempotency.models import Operation
+
+    jobs = Operation.objects.filter(domain="greet").count()
+    check(jobs == 1, f"{jobs} greet jobs (Operations) after a POST and its retry, not 1")
+    say(f"job {job['job_id']} accepted ({job['domain']}); watching {job['ws_url']}")
+    frames = watch_job(job["ws_url"], cookie, base, until)
+    others = [f for f in frames if f.get("type") != "event"]
+    check(not others, f"frames other than events: {others}")
+    got = [(f["stage"], f["seq"]) for f in frames]
+    check(got == EXPECTED_EVENTS, f"the socket got {got}, not {EXPECTED_EVENTS} (each once, in seq order)")
+    final = frames[-1]["data"]
+    check(
+        final.get("state") == "COMPLETED" and final.get("text") == "hello smoke", f"the final event: {final}"
+    )
+
+    def completed():
+        return http("GET", f"{base}/api/jobs/{job['job_id']}/", token=token)[2].get("state") == "COMPLETED"
+
+    wait_for(completed, until=until, what="the job's state COMPLETED in GET /api/jobs/<id>/")
+    say(
+        f"job: {len(frames)} events over the WebSocket, each once, in seq order: {[seq for _, seq in got]}, "
+        f"final {final['state']} {final['text']!r}"
+    )
+
+
+def check_page(base: str, cookie: str) -> None:
+    status, _, page = http("GET", f"{base}/", cookie=cookie)
+    check(status == 200 and "gateway/app.js" in page, f"the gateway's page got {status}: {page[:2000]}")
+    status, _, login = http("GET", f"{base}/accounts/login/")
+    check(status == 200 and "<form" in login, f"the login page got {status}: {login[:2000]}")
+    from django.contrib.staticfiles import finders
+
+    check(finders.find("gateway/app.js"), "gateway/app.js is not among the project's static files")
+    say(
+        "the gateway's page and its login page render from the installed app's templates; "
+        "its static files are found"
+    )
+
+
+def run(root: Path, redis_server: str, timeout: float) -> None:
+    until = time.monotonic() + timeout
+    check_installed_from_wheel()
+    redis_port, web_port = free_port(), free_port()
+    bin_dir = str(Path(sys.executable).parent)
+    env = {
+        **os.environ,
+        "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
+        "PYTHONPATH": str(root),  # the project alone: nothing from the checkout
+        "DJANGO_SETTINGS_MODULE": f"{PROJECT}.settings",
+        "REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
+        "PYTHONUNBUFFERED": "1",
+    }
+    os.environ.update({k: env[k] for k in ("PYTHONPATH", "DJANGO_SETTINGS_MODULE", "REDIS_URL")})
+    sys.path.insert(0, str(root))
+    stack = Stack(root, env)
+    try:
+        stack.start(
+            "redis",
+            redis_server,
+            "--port",
+            str(redis_port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(root),
+        )
+        wait_for(lambda: port_open(redis_port), until=until, what="redis-server", stack=stack)
+        manage(root, env, "makemigrations", "shop", until=until)
+        manage(root, env, "check", until=until)
+        manage(root, env, "migrate", "--no-input", until=until)
+        token, cookie = users(root)
+        stack.start(
+            "worker",
+            os.path.join(bin_dir, "celery"),
+            "-A",
+            PROJECT,
+            "worker",
+            "-P",
+            "solo",
+            "--without-mingle",
+            "--without-gossip",
+            "-l",
+            "INFO",
+        )
+        stack.start("router", sys.executable, "manage.py", "run_router")
+        stack.start(
+            "daphne",
+            os.path.join(bin_dir, "daphne"),
+            "-b",
+            "127.0.0.1",
+            "-p",
+            str(web_port),
+            f"{PROJECT}.asgi:application",
+        )
+        wait_for(lambda: port_open(web_port), until=until, what="daphne", stack=stack)
+        base = f"http://127.0.0.1:{web_port}"
+        say(f"stack up: redis :{redis_port}, celery worker, run_router, daphne :{web_port}")
+
+        check_idempotency(base, token)
+        check_job(base, token, cookie, until)
+        check_page(base, cookie)
+        stack.check_alive()
+    except BaseException:
+        stack.stop()
+        stack.dump_logs()
+        raise
+    stack.stop()
+
+
+def _stopped(signum, frame):
+    raise SmokeFailure(f"stopped by signal {signum} (run_smoke.sh's time limit?)")
+
+
+def main(argv: list[str]) -> int:
+    # `timeout` (run_smoke.sh) sends SIGTERM: unwind through the clean-ups, which stop the stack.
+    signal.signal(signal.SIGTERM, _stopped)
+    try:
+        if argv[:1] == ["wheel"] and len(argv) == 2:
+            check_wheel(Path(argv[1]))
+        elif argv[:1] == ["project"] and len(argv) == 3:
+            write_project(Path(argv[1]), Path(argv[2]))
+        elif argv[:1] == ["run"] and len(argv) == 2:
+            started = time.monotonic()
+            run(
+                Path(argv[1]),
+                os.environ.get("SMOKE_REDIS_SERVER") or "redis-server",
+                float(os.environ.get("SMOKE_TIMEOUT", "120")),
+            )
+            say(f"PASSED in {time.monotonic() - started:.0f} s (the live part)")
+        else:
+            print(__doc__, file=sys.stderr)
+            return 2
+    except SmokeFailure as failure:
+        print(f"smoke: FAILED: {failure}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
