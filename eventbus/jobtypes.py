@@ -209,7 +209,8 @@ def _add(types: dict[str, type[JobType]], job_type: type[JobType]) -> None:
 def register(job_type: type[JobType]) -> type[JobType]:
     """Class decorator: make `job_type` runnable and accepted by the jobs API."""
     global _registry
-    _add(dict(registry()), job_type)  # refused when another type has its name
+    # Checked against the settings' types when the registry is built: building it here would
+    # import EVENTBUS["JOB_TYPES"], which may name the module being imported right now.
     _add(_DECORATED, job_type)
     _registry = None
     return job_type

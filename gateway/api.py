@@ -1,6 +1,7 @@
 """The jobs API: POST /api/jobs/ (Idempotency-Key required), GET /api/jobs/<job_id>/."""
 from rest_framework import status
 from rest_framework.exceptions import NotFound
+from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -26,6 +27,9 @@ def job_body(operation, request):
 
 
 class JobListView(APIView):
+    # Whatever the project's REST_FRAMEWORK defaults: jobs belong to a user.
+    permission_classes = [IsAuthenticated]
+
     @idempotency_key("required", atomic=True)
     def post(self, request):
         serializer = JobRequestSerializer(data=request.data)
@@ -47,6 +51,8 @@ class JobListView(APIView):
 
 
 class JobDetailView(APIView):
+    permission_classes = [IsAuthenticated]
+
     def get(self, request, job_id):
         operation = visible_operations(request.user).filter(op_id=job_id).first()
         if operation is None:

@@ -33,6 +33,7 @@ INSTALLED_APPS = [
     "idempotency",
     "eventbus",
     "gateway",
+    "config",  # the demo project itself: its ensure_demo_user command
 ]
 
 MIDDLEWARE = [

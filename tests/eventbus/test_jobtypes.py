@@ -82,8 +82,18 @@ def test_a_stage_that_reports_more_than_its_width_is_stopped():
 
 
 def test_two_types_of_one_name_are_refused():
+    register(declare(name="scan"))
     with pytest.raises(ImproperlyConfigured, match="Two job types are named 'scan'"):
-        register(declare(name="scan"))
+        registry()
+
+
+def test_a_type_both_decorated_and_in_the_setting_is_one_type(settings):
+    """@register runs while its module is imported: it must not import the setting's modules
+    (which may be that very module) to check names."""
+    settings.EVENTBUS = {"JOB_TYPES": ("tests.eventbus.decorated_jobs.Decorated",)}
+    import tests.eventbus.decorated_jobs as module
+
+    assert job_type("decorated") is module.Decorated
 
 
 def test_registered_by_decorator_or_by_setting(settings):

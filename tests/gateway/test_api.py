@@ -112,3 +112,13 @@ def test_the_demo_users_token_authenticates_the_api(settings, tmp_path):
     assert Operation.objects.get().owner.username == "demo"
     client.credentials(HTTP_AUTHORIZATION="Token not-the-token")
     assert create(client, key="readme-demo-2").status_code == 401
+
+
+@pytest.mark.django_db
+def test_jobs_need_a_user_whatever_the_projects_drf_defaults(settings, client):
+    """A project whose REST_FRAMEWORK allows anybody by default: the jobs API still does not."""
+    settings.REST_FRAMEWORK = {"EXCEPTION_HANDLER": "idempotency.problems.drf_exception_handler"}
+    response = client.post("/api/jobs/", {"domain": "scan"}, content_type="application/json",
+                           HTTP_IDEMPOTENCY_KEY="anon")
+    assert response.status_code in (401, 403) and response["Content-Type"] == "application/problem+json"
+    assert client.get("/api/jobs/00000000-0000-0000-0000-000000000000/").status_code in (401, 403)
