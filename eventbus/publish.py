@@ -7,6 +7,10 @@
 A task that runs again republishes the same (stage, seq): the dedup key drops the copy. A new
 event whose seq is not above the job's last published seq is refused (OutOfOrderEvent): the
 router applies a job's events strictly after their predecessor, so it must not be written.
+
+A key of the job found holding the wrong type raises CorruptKey (naming the key), with nothing
+of that event written; in a batch, the job's later events are held back too (never published
+past the gap), so the whole batch can be published again once the key is repaired.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from .conf import eventbus_settings
 from .entries import event_head
 from .keys import JobKeys, UnknownDomain
 from .redis import get_redis
-from .scripts import PUBLISH, ScriptCall, run_pipelined
+from .scripts import PUBLISH, CorruptKey, ScriptCall, run_pipelined  # noqa: F401 (CorruptKey, raised)
 
 # One encoder, not one per json.dumps() call with options. allow_nan=False: NaN and Infinity
 # are not JSON, and a browser's JSON.parse refuses them.
@@ -54,8 +58,10 @@ class OutOfOrderEvent(ValueError):
         )
 
 
-def _prepare(event: Event) -> tuple[ScriptCall, tuple[str, str]]:
-    """The script call of a valid event, and its metric labels; InvalidEvent otherwise."""
+def _prepare(event: Event, previous: dict) -> tuple[ScriptCall, tuple[str, str]]:
+    """The script call of a valid event, and its metric labels; InvalidEvent otherwise.
+
+    `previous` maps each job of the batch to the seq of its last event so far (updated here)."""
     domain, job_id, stage, seq, data = event
     job_id = str(job_id)
     try:
@@ -73,6 +79,8 @@ def _prepare(event: Event) -> tuple[ScriptCall, tuple[str, str]]:
     except (TypeError, ValueError) as exc:
         raise InvalidEvent(f"data of seq {seq} is not JSON-serialisable: {exc}") from None
     head = event_head(domain=domain, job_id=job_id, stage=stage, seq=seq, data_json=data_json)
+    after = previous.get((domain, job_id), "")
+    previous[domain, job_id] = seq
     settings = eventbus_settings
     call = PUBLISH.call(
         (keys.published(stage, seq), keys.last_published, keys.state, keys.stream),
@@ -86,6 +94,7 @@ def _prepare(event: Event) -> tuple[ScriptCall, tuple[str, str]]:
             stage,
             data_json,
             head,
+            after,
         ),
     )
     return call, (domain, str(keys.shard))
@@ -100,18 +109,22 @@ def _out_of_order(error: Exception) -> int | None:
 
 def _publish(batch: list[Event]) -> list:
     """Run the batch (validated first, all of it); a bool per event, None where refused."""
-    prepared = [_prepare(event) for event in batch]
+    previous: dict = {}
+    prepared = [_prepare(event, previous) for event in batch]
     replies = run_pipelined(get_redis(), [call for call, _ in prepared])
     results: list = []
     counts: Counter = Counter()
-    refused = None
+    refused = failed = None
     for event, (_, labels), reply in zip(batch, prepared, replies):
         if isinstance(reply, Exception):
-            last_seq = _out_of_order(reply)
-            if last_seq is None:
-                raise reply
             results.append(None)
-            refused = refused or (event, last_seq)
+            last_seq = _out_of_order(reply)
+            if last_seq is not None:
+                refused = refused or (event, last_seq)
+            else:
+                # The first failure is the cause (a CorruptKey...); the job's events after it in
+                # the batch answered BLOCKED.
+                failed = failed or reply
             continue
         results.append(reply == 1)
         counts[labels, reply == 1] += 1
@@ -120,6 +133,8 @@ def _publish(batch: list[Event]) -> list:
             metrics.PUBLISHED.labels(*labels).inc(n)
         else:
             metrics.DUPLICATES.labels(*labels, "L1").inc(n)
+    if failed:
+        raise failed
     if refused:
         raise OutOfOrderEvent(*refused, results=results)
     return results
@@ -139,7 +154,9 @@ def publish_events(events: Iterable[Event | tuple | Mapping]) -> list[bool]:
 
     Every event is validated before anything is sent. A duplicate inside the batch is dropped
     like any other (the scripts run one after the other). An out-of-order event raises
-    OutOfOrderEvent after the batch ran; its `results` tell what happened to each event.
+    OutOfOrderEvent after the batch ran; its `results` tell what happened to each event. A
+    corrupt key raises CorruptKey after the batch ran: the events before it were published, the
+    job's events after it were not; publish the batch again once the key is repaired.
     """
     batch = [Event(**e) if isinstance(e, Mapping) else Event(*e) for e in events]
     return _publish(batch) if batch else []

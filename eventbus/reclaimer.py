@@ -240,10 +240,12 @@ class Reclaimer:
 
     def _count_dead(self, delivery: Delivery, result, reason: str) -> None:
         if isinstance(result, Exception):
+            # dead_letter.lua wrote nothing, the ACK included: the next pass tries again.
             log.error(
-                "reclaimer: dead-lettering %s of %s failed: %s",
+                "reclaimer: dead-lettering %s of %s (%s) failed, left pending: %s",
                 delivery.stream_id,
                 delivery.stream.key,
+                reason,
                 result,
             )
         elif result:

@@ -178,9 +178,10 @@ class Router:
         for delivery, result in zip(batch, results):
             key = (delivery.stream, delivery.stream_id)
             if isinstance(result, Exception):
-                # Left pending: the reclaimer retries it, and dead-letters it past MAX_DELIVERIES.
+                # Left pending (the script wrote nothing): the reclaimer retries it, and
+                # dead-letters it past MAX_DELIVERIES with this error as the reason.
                 log.error(
-                    "router %s: entry %s of %s failed: %s",
+                    "router %s: entry %s of %s failed, left pending: %s",
                     self.consumer,
                     delivery.stream_id,
                     delivery.stream.key,

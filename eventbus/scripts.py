@@ -3,6 +3,9 @@
 A server that does not know a script (restart, failover, SCRIPT FLUSH) answers NOSCRIPT: the
 script is loaded then and the refused calls run again, in their order. Loading through the
 client also reaches every primary of a cluster.
+
+A script that finds one of its keys holding the wrong type (or a seq key holding no seq) writes
+nothing and answers "CORRUPT <key> ...": that reply comes back as CorruptKey, naming the key.
 """
 
 from __future__ import annotations
@@ -18,6 +21,17 @@ try:
     from hiredis import pack_command
 except ImportError:  # pragma: no cover - redis[hiredis] is a requirement
     pack_command = None
+
+
+class CorruptKey(ResponseError):
+    """A script found one of its keys holding the wrong type, or a seq key holding no seq, and
+    wrote nothing. The message names the key; the call succeeds once the key is repaired."""
+
+
+def _classified(result):
+    if isinstance(result, ResponseError) and str(result).startswith("CORRUPT "):
+        return CorruptKey(str(result))
+    return result
 
 
 class LuaScript:
@@ -93,7 +107,7 @@ def run_pipelined(client, calls: Sequence[ScriptCall]) -> list:
     todo = list(range(len(calls)))
     for attempt in range(2):
         for i, result in zip(todo, _execute(client, [calls[i] for i in todo])):
-            results[i] = result
+            results[i] = _classified(result)
         todo = [i for i in todo if isinstance(results[i], NoScriptError)]
         if not todo or attempt:
             return results
@@ -113,7 +127,7 @@ async def arun_pipelined(client, calls: Sequence[ScriptCall]) -> list:
         for i in todo:
             calls[i].queue(pipe)
         for i, result in zip(todo, await pipe.execute(raise_on_error=False)):
-            results[i] = result
+            results[i] = _classified(result)
         todo = [i for i in todo if isinstance(results[i], NoScriptError)]
         if not todo or attempt:
             return results

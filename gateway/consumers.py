@@ -6,7 +6,9 @@ streams live events. Every event carries `prev_seq` (the job's event before it),
 socket can tell "next in line" (prev_seq <= last sent: send it), "already sent" (seq <= last
 sent: drop it) and "something is missing" (prev_seq > last sent: backfill from history).
 When the history no longer holds what is missing, the client gets a `reset` frame with the
-job's state snapshot and `recovered: false`: never a silent gap.
+job's state snapshot and `recovered: false`: never a silent gap. A client of a job that ended
+(the database says so) never waits for an event that will not come: when Redis has nothing of
+the job left, or no final event of it, the client gets the outcome as a reset from the database.
 
 Close codes: 4400 bad parameters, 4401 not logged in, 4404 no such job or not yours (one code
 for both, as the HTTP API's 404: a stranger learns nothing), 4008 client too slow.
@@ -25,6 +27,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from eventbus.keys import JobKeys
+from idempotency.models import Operation
 
 try:  # daphne's WebSocket stack: sending to a client whose connection just dropped
     from autobahn.exception import Disconnected as ClientGone
@@ -40,6 +43,9 @@ logger = logging.getLogger(__name__)
 BAD_REQUEST, NOT_LOGGED_IN, NOT_FOUND, TOO_SLOW = 4400, 4401, 4404, 4008
 MAX_SEQ = 2**53
 _RESYNC = object()  # queue item: backfill from the history
+# The job's outcome is known (its final event carries it too, if it was published).
+ENDED = frozenset({Operation.State.COMPLETED.value, Operation.State.FAILED.value,
+                   Operation.State.TIMED_OUT.value})
 
 
 class RefuseConnection(Exception):
@@ -71,10 +77,24 @@ def find_job(user, job_id):
     return visible_operations(user).filter(op_id=job_id).only("op_id", "domain", "state").first()
 
 
+@database_sync_to_async
+def job_state(pk) -> str:
+    return Operation.objects.filter(pk=pk).values_list("state", flat=True).get()
+
+
+def is_final(event: dict) -> bool:
+    """The job's final event (its data says `"final": true`)."""
+    data = event.get("data")
+    return isinstance(data, dict) and data.get("final") is True
+
+
 class JobStreamConsumer(AsyncWebsocketConsumer):
     job_keys: JobKeys | None = None
     pump: asyncio.Task | None = None
+    state_check: asyncio.Task | None = None
     closing = False
+    outcome_sent = False  # a reset told the client how the job ended
+    state_stale = False  # self.operation.state may be out of date (Redis went away since)
 
     async def connect(self):
         # Accept first: a close code can only reach the client on an open socket.
@@ -107,6 +127,8 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
         self.closing = True
         if self.job_keys:
             await self.hub.remove(self.job_keys.channel, self)
+        if self.state_check and not self.state_check.done():
+            self.state_check.cancel()
         if self.pump and not self.pump.done():
             self.pump.cancel()
             # Wait for it: a pump left pending would outlive its socket.
@@ -120,6 +142,9 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
         self._enqueue((raw, event))
 
     def resync(self) -> None:
+        # Redis went away: the job may have ended meanwhile with its final event lost (not
+        # published, or gone with Redis), so the database's word is due again.
+        self.state_stale = True
         self._enqueue(_RESYNC)
 
     def _enqueue(self, item) -> None:
@@ -189,17 +214,49 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
             pipe.get(self.job_keys.state)
             raws, applied, state = await pipe.execute()
         entries = [(raw, json.loads(raw)) for raw in raws]
+        latest = json.loads(state) if state is not None else None  # the job's newest event
         if not entries or entries[0][1].get("prev_seq", 0) > self.last_sent:
             # The history does not reach back to what the client has. Either the router has
             # applied nothing newer yet (wait for it: the state KV runs ahead, written at
             # publish time), or what the client misses expired: reset it to the state.
             expired = applied is None and self.last_sent > 0  # the client saw events the router forgot
-            if not entries and not expired and int(applied or 0) <= self.last_sent:
-                return
-            await self._reset(json.loads(state)) if state is not None else await self._reset_expired()
+            if entries or expired or int(applied or 0) > self.last_sent:
+                await self._reset(latest) if latest is not None else await self._reset_expired()
         for raw, event in entries:
             if event["seq"] > self.last_sent:
                 await self._send_event(raw, event["seq"])
+        await self._unless_ended(latest)
+
+    async def _unless_ended(self, latest: dict | None) -> None:
+        """The client now waits for the job's next event: unless none will come. That is when
+        the job ended (the database says so), no newer event is on its way (the state KV,
+        written as each event is published, holds none the client lacks), and the client has
+        no final event: Redis lost it or it was never published (the job failed with Redis
+        down, its keys expired...). Then the client gets the outcome from the database."""
+        if self.outcome_sent:
+            return
+        if latest is not None and (int(latest.get("seq", 0)) > self.last_sent or is_final(latest)):
+            return  # on its way (the router has it), or the client has the end already
+        if self.operation.state in ENDED:
+            await self._reset_expired()
+        elif self.state_stale and (self.state_check is None or self.state_check.done()):
+            # Off the pump: after a Redis blip every socket resyncs at once, and their frames
+            # must not queue behind one database read each.
+            self.state_stale = False
+            self.state_check = asyncio.create_task(self._check_state())
+
+    async def _check_state(self) -> None:
+        """Read the job's state from the database again; if it ended, the pump looks again."""
+        try:
+            state = await job_state(self.operation.pk)
+        except Exception:
+            logger.warning("job socket %s: could not read the job's state", self.job_keys.job_id,
+                           exc_info=True)
+            self.state_stale = True  # the next resync tries again
+            return
+        if state in ENDED:
+            self.operation.state = state
+            self._enqueue(_RESYNC)
 
     async def _reset(self, state: dict) -> None:
         await self.send(text_data=json.dumps({"type": "reset", "recovered": False, "state": state}))
@@ -210,5 +267,7 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
         operation = await database_sync_to_async(
             lambda: type(self.operation).objects.only("state", "domain").get(pk=self.operation.pk)
         )()
+        self.operation.state = operation.state
         await self._reset({"job_id": str(operation.pk), "domain": operation.domain, "state": operation.state,
                            "seq": self.last_sent})
+        self.outcome_sent = operation.state in ENDED

@@ -1,8 +1,8 @@
 -- Move one stream entry to the dead-letter stream of its shard and ACK it, atomically:
 -- it is never both lost and acked, nor dead-lettered twice by two processes racing on it.
 --
--- KEYS[1] stream key       {d:s}:events
--- KEYS[2] dead-letter key  {d:s}:dead
+-- KEYS[1] stream key       {d:s}:events  (stream)
+-- KEYS[2] dead-letter key  {d:s}:dead  (stream)
 -- ARGV[1] group
 -- ARGV[2] stream id        the original entry's id
 -- ARGV[3] reason
@@ -10,7 +10,31 @@
 -- ARGV[5..] the original entry's fields and values, in pairs
 --
 -- Returns 1 dead-lettered, 0 when the entry was no longer pending (someone else settled it).
-if redis.call('XACK', KEYS[1], ARGV[1], ARGV[2]) == 0 then
+-- An error reply "CORRUPT <key> ..." when a key holds the wrong type: nothing is written, the
+-- entry stays pending.
+--
+-- Every check and read comes before the first write, and the dead letter is added before the
+-- entry is acked: Redis keeps what a script wrote before an error, so an ACK followed by a
+-- failing XADD would lose the entry.
+local function wrong_type(key, expected)
+  local found = redis.call('TYPE', key)['ok']
+  if found ~= expected and found ~= 'none' then
+    return redis.error_reply('CORRUPT ' .. key .. ' holds a ' .. found .. ', not a ' .. expected)
+  end
+end
+local corrupt = wrong_type(KEYS[1], 'stream') or wrong_type(KEYS[2], 'stream')
+if corrupt then
+  return corrupt
+end
+-- Still pending? NOGROUP (no stream or no group any more): nothing is pending, as XACK says.
+local pending = redis.pcall('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
+if pending['err'] then
+  if string.sub(pending['err'], 1, 8) == 'NOGROUP ' then
+    return 0
+  end
+  return pending
+end
+if #pending == 0 then
   return 0
 end
 local fields = {}
@@ -24,4 +48,5 @@ fields[#fields + 1] = ARGV[2]
 fields[#fields + 1] = 'deliveries'
 fields[#fields + 1] = ARGV[4]
 redis.call('XADD', KEYS[2], '*', unpack(fields))
+redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
 return 1

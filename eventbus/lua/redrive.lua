@@ -1,13 +1,28 @@
 -- Re-add one dead letter to its shard stream and delete it from the dead-letter stream,
 -- atomically: it is deleted only after (and together with) its re-add.
 --
--- KEYS[1] stream key       {d:s}:events
--- KEYS[2] dead-letter key  {d:s}:dead
+-- KEYS[1] stream key       {d:s}:events  (stream)
+-- KEYS[2] dead-letter key  {d:s}:dead  (stream)
 -- ARGV[1] dead letter id
 -- ARGV[2] stream maxlen    XADD MAXLEN ~
 -- ARGV[3..] the original entry's fields and values, in pairs
 --
 -- Returns the new stream id, or false when the dead letter is gone (another redrive took it).
+-- An error reply "CORRUPT <key> ..." when a key holds the wrong type: nothing is written, the
+-- dead letter stays.
+--
+-- Every check and read comes before the first write: Redis keeps what a script wrote before an
+-- error.
+local function wrong_type(key, expected)
+  local found = redis.call('TYPE', key)['ok']
+  if found ~= expected and found ~= 'none' then
+    return redis.error_reply('CORRUPT ' .. key .. ' holds a ' .. found .. ', not a ' .. expected)
+  end
+end
+local corrupt = wrong_type(KEYS[1], 'stream') or wrong_type(KEYS[2], 'stream')
+if corrupt then
+  return corrupt
+end
 if #redis.call('XRANGE', KEYS[2], ARGV[1], ARGV[1]) == 0 then
   return false
 end

@@ -4,10 +4,12 @@ import asyncio
 import json
 
 import pytest
+from asgiref.sync import sync_to_async
 
 from eventbus.keys import JobKeys
 from gateway import consumers
 from gateway.hub import get_hub
+from idempotency.models import Operation
 
 from .conftest import open_socket, publish_and_route
 
@@ -177,3 +179,118 @@ async def test_a_foreign_message_on_the_channel_stops_nothing(job, cookie, redis
         redis_client.publish(channel, garbage)
     await publish_and_route(job, SCAN)
     assert [f["seq"] for f in await frames_until(socket, 51)] == SCAN
+
+
+# --- A job that ended: the client gets its outcome, never waits for nothing ---------------------
+
+def _publish(job, seqs, *, final=False, route=True):
+    """Publish these events of the job (the last one final when `final`), then route them."""
+    from eventbus import publish_event
+    from eventbus.router import Router
+
+    for seq in seqs:
+        stage = {1: "vision", 2: "rule", 3: "answer", 4: "reward", 5: "done"}[seq // 10]
+        data = {"seq": seq}
+        if final and seq == seqs[-1]:
+            data.update(state="COMPLETED", final=True)
+        publish_event(job.domain, str(job.op_id), stage, seq, data)
+    if route:
+        Router(burst=True, consumer="test-router").run()
+
+
+publish = sync_to_async(_publish, thread_sensitive=False)
+
+
+async def set_state(job, state):
+    await sync_to_async(Operation.objects.filter(pk=job.pk).update)(state=state)
+
+
+def outcome(job, state, seq):
+    """A reset frame built from the database."""
+    return {"type": "reset", "recovered": False,
+            "state": {"job_id": str(job.op_id), "domain": "scan", "state": state, "seq": seq}}
+
+
+@pytest.mark.parametrize("state", ["COMPLETED", "FAILED", "TIMED_OUT"])
+async def test_a_new_client_of_an_ended_job_whose_keys_expired_gets_its_outcome(job, cookie, state):
+    await set_state(job, state)  # and nothing of it left in Redis: history, applied seq, state expired
+    socket = await open_socket(f"/ws/jobs/{job.op_id}/", cookie)
+    assert json.loads(await socket.receive_from(timeout=5)) == outcome(job, state, 0)
+    assert await socket.receive_nothing(timeout=0.3)
+
+
+@pytest.mark.parametrize("state", ["PENDING", "RUNNING"])
+async def test_a_new_client_of_a_job_not_ended_with_nothing_in_redis_waits(job, cookie, state):
+    await set_state(job, state)
+    socket = await open_socket(f"/ws/jobs/{job.op_id}/", cookie, subscribed_to=job)
+    assert await socket.receive_nothing(timeout=0.3)
+    await publish_and_route(job, SCAN)
+    assert [f["seq"] for f in await frames_until(socket, 51)] == SCAN  # events, no reset
+    assert await socket.receive_nothing(timeout=0.3)
+
+
+@pytest.mark.parametrize("last_seq, sent", [(0, [10, 11, 12, 20]), (11, [12, 20]), (20, [])])
+async def test_a_job_that_ended_without_a_final_event_gives_its_outcome_after_its_history(
+    job, cookie, last_seq, sent
+):
+    """Its final event never reached Redis (the job failed while Redis was down): the history
+    ends at 20, the database says FAILED."""
+    await publish(job, SCAN[:4])
+    await set_state(job, "FAILED")
+    socket = await open_socket(f"/ws/jobs/{job.op_id}/?last_seq={last_seq}", cookie)
+    frames = [json.loads(await socket.receive_from(timeout=5)) for _ in range(len(sent) + 1)]
+    assert [f["seq"] for f in frames[:-1]] == sent
+    assert frames[-1] == outcome(job, "FAILED", 20)
+    assert await socket.receive_nothing(timeout=0.3)
+
+
+async def test_a_job_whose_history_and_state_expired_before_its_applied_seq_gives_its_outcome(
+    job, cookie, redis_client
+):
+    """The applied seq outlives the history and the state KV (DEDUP TTL > HISTORY TTL)."""
+    await publish(job, SCAN[:4])
+    await set_state(job, "COMPLETED")
+    keys = JobKeys("scan", str(job.op_id))
+    redis_client.delete(keys.history, keys.state)  # expired; the applied seq (20) is still there
+    socket = await open_socket(f"/ws/jobs/{job.op_id}/?last_seq=20", cookie)
+    assert json.loads(await socket.receive_from(timeout=5)) == outcome(job, "COMPLETED", 20)
+    assert await socket.receive_nothing(timeout=0.3)
+
+
+@pytest.mark.parametrize("last_seq", [0, 51])
+async def test_a_client_that_gets_the_final_event_gets_no_reset(job, cookie, last_seq):
+    await publish(job, SCAN, final=True)
+    await set_state(job, "COMPLETED")
+    socket = await open_socket(f"/ws/jobs/{job.op_id}/?last_seq={last_seq}", cookie)
+    if last_seq == 0:
+        frames = await frames_until(socket, 51)
+        assert [f["type"] for f in frames] == ["event"] * len(SCAN)
+        assert frames[-1]["data"]["final"] is True
+    assert await socket.receive_nothing(timeout=0.3)
+
+
+async def test_events_on_their_way_to_the_history_are_awaited_not_reset(job, cookie):
+    """The job ended and its events are published, but the router has not applied them yet."""
+    await publish(job, SCAN, final=True, route=False)
+    await set_state(job, "COMPLETED")
+    socket = await open_socket(f"/ws/jobs/{job.op_id}/", cookie, subscribed_to=job)
+    assert await socket.receive_nothing(timeout=0.3)
+    await publish(job, [])  # the router runs
+    frames = await frames_until(socket, 51)
+    assert [(f["type"], f["seq"]) for f in frames] == [("event", seq) for seq in SCAN]
+    assert await socket.receive_nothing(timeout=0.3)
+
+
+async def test_a_job_that_ended_while_redis_was_away_gives_its_outcome_on_resync(job, cookie, redis_client):
+    """A socket open while the job runs; Redis goes away, the job fails meanwhile and its final
+    event is never published. When the hub is back it resyncs the socket, which asks the
+    database again and gives the client the outcome."""
+    await set_state(job, "RUNNING")
+    socket = await open_socket(f"/ws/jobs/{job.op_id}/", cookie, subscribed_to=job)
+    await publish_and_route(job, SCAN[:3])
+    assert [f["seq"] for f in await frames_until(socket, 12)] == SCAN[:3]
+    await set_state(job, "FAILED")  # no final event: Redis was down
+    assert redis_client.client_kill_filter(_type="pubsub") == 1
+    assert json.loads(await socket.receive_from(timeout=10)) == outcome(job, "FAILED", 12)
+    assert await socket.receive_nothing(timeout=0.3)
+    assert get_hub().reconnections == 1
