@@ -39,14 +39,23 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-class RedisServer:
-    """One redis-server process on 127.0.0.1 and a free port, stopped with `stop()`."""
+# A durable store, as the event bus needs one (README, "Redis as a durable store"): every write
+# in the append-only file, flushed every second, and never an evicted key (an evicted dedup key
+# silently lets a duplicate through).
+DURABLE_ARGS = ("--appendonly", "yes", "--appendfsync", "everysec", "--maxmemory-policy", "noeviction")
+EPHEMERAL_ARGS = ("--appendonly", "no")
 
-    def __init__(self, *, port: int | None = None, data_dir: str | Path | None = None, args: tuple = ()):
+
+class RedisServer:
+    """One redis-server process on 127.0.0.1 and a free port, stopped with `stop()`. `durable`
+    keeps its data in `data_dir` across restarts (AOF); the test suite's servers need not."""
+
+    def __init__(self, *, port: int | None = None, data_dir: str | Path | None = None, args: tuple = (),
+                 durable: bool = False):
         self.port = port or free_port()
         self._tmp = None if data_dir else tempfile.TemporaryDirectory(prefix="redis-")
         self.data_dir = Path(data_dir or self._tmp.name)
-        self.args = tuple(args)
+        self.args = (*(DURABLE_ARGS if durable else EPHEMERAL_ARGS), *args)
         self.process: subprocess.Popen | None = None
 
     @property
@@ -61,7 +70,6 @@ class RedisServer:
             "--bind", "127.0.0.1",
             "--dir", str(self.data_dir),
             "--save", "",
-            "--appendonly", "no",
             "--logfile", str(self.data_dir / "redis.log"),
             *self.args,
         ]
@@ -105,11 +113,12 @@ class RedisServer:
 
 
 def env_or_private(data_dir: Path) -> tuple[str, RedisServer | None]:
-    """REDIS_URL when set; otherwise a private server started now (the caller stops it)."""
+    """REDIS_URL when set; otherwise a private, durable server started now on the data it kept
+    in `data_dir` (the caller stops it)."""
     url = os.environ.get("REDIS_URL")
     if url:
         return url, None
-    server = RedisServer(data_dir=data_dir).start()
+    server = RedisServer(data_dir=data_dir, durable=True).start()
     return server.url, server
 
 

@@ -33,6 +33,9 @@ DEFAULTS = {
     "RECLAIM_COUNT": 100,
     "MAX_DELIVERIES": 5,  # deliveries of an entry before the reclaimer dead-letters it
     "RECLAIM_CONSUMER": "reclaimer",
+    # What a process does when, as it starts, it finds Redis without persistence or with an
+    # evicting maxmemory-policy: "warn", "refuse" (exit), or "ignore" (eventbus.durability).
+    "REDIS_DURABILITY": "warn",
     # The demo jobs' simulated work per stage, seconds (config.jobs).
     "STAGE_SECONDS": 0.2,
 }

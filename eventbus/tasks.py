@@ -3,6 +3,7 @@ calls eventbus.jobs."""
 import logging
 
 from celery import shared_task
+from celery.signals import worker_init
 
 from . import jobs, lifecycle
 
@@ -52,3 +53,12 @@ def enqueue(operation) -> bool:
         return False
     lifecycle.mark_enqueued(operation)
     return True
+
+
+@worker_init.connect(weak=False)
+def check_redis_at_start(**kwargs) -> None:
+    """A worker publishes the jobs' events: it says so at start when Redis cannot keep them."""
+    from .durability import check_durability
+    from .redis import get_redis
+
+    check_durability(get_redis(), process="celery worker")
