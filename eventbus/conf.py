@@ -33,6 +33,9 @@ DEFAULTS = {
     "RECLAIM_COUNT": 100,
     "MAX_DELIVERIES": 5,  # deliveries of an entry before the reclaimer dead-letters it
     "RECLAIM_CONSUMER": "reclaimer",
+    # Seconds without a sign of life (no run lease, no stage started or finished, no message
+    # sent) after which an unfinished job is enqueued again (eventbus.recovery).
+    "RECOVER_AFTER": 300,
     # What a process does when, as it starts, it finds Redis without persistence or with an
     # evicting maxmemory-policy: "warn", "refuse" (exit), or "ignore" (eventbus.durability).
     "REDIS_DURABILITY": "warn",

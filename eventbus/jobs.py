@@ -180,6 +180,15 @@ def _run_stages(operation: Operation, job: JobType, lease: RunLease) -> str:
     return _record_end(operation, State.COMPLETED)
 
 
+def time_out(operation: Operation) -> str:
+    """End a job past its deadline (the recovery's word for a job no run will finish)."""
+    try:
+        job = job_type(operation.domain)()
+    except UnknownJobType:
+        job = None
+    return _conclude(operation, job, State.TIMED_OUT)
+
+
 def _conclude(operation: Operation, job: JobType | None, state: str, **data) -> str:
     """End a job that did not complete: its final event (best effort; none when its type is
     unknown, as its seqs are), then its state."""

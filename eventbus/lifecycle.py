@@ -60,11 +60,13 @@ def past_deadline(operation: Operation) -> bool:
     return False
 
 
-def mark_enqueued(operation: Operation) -> None:
-    """Record that the job's task reached the broker (the sweep leaves it alone from now)."""
+def mark_enqueued(operation: Operation, *, again: bool = False) -> None:
+    """Record that the job's task reached the broker (the sweep leaves it alone from now);
+    `again`: a new message for a lost run, which the recovery then waits on."""
     now = timezone.now()
+    unsent = {} if again else {"enqueued_at__isnull": True}
     try:
-        Operation.objects.filter(pk=operation.pk, enqueued_at__isnull=True).update(enqueued_at=now)
+        Operation.objects.filter(pk=operation.pk, **unsent).update(enqueued_at=now)
     except DatabaseError:
         logger.warning("Job %s enqueued, but enqueued_at not recorded; the sweep may send it again",
                        operation.op_id)

@@ -34,8 +34,9 @@ def run_job(self, job_id: str, failures: int = 0) -> str:
         raise self.retry(exc=exc, countdown=min(2**failures, 30), kwargs={"failures": failures + 1})
 
 
-def enqueue(operation) -> bool:
-    """Send the operation's run_job task, then record it enqueued. True when it was sent.
+def enqueue(operation, *, again: bool = False) -> bool:
+    """Send the operation's run_job task, then record it enqueued (`again`: its run was lost,
+    eventbus.recovery). True when it was sent.
 
     Runs after the accepting transaction committed (accept(on_accepted=enqueue)), so it never
     raises: the client's 201 stands either way. When the broker is unreachable it gives up
@@ -51,7 +52,7 @@ def enqueue(operation) -> bool:
             "Job %s not enqueued (broker unreachable?); the sweep will enqueue it", job_id, exc_info=True
         )
         return False
-    lifecycle.mark_enqueued(operation)
+    lifecycle.mark_enqueued(operation, again=again)
     return True
 
 

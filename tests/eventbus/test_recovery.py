@@ -1,0 +1,59 @@
+"""No accepted job stays stranded: the recovery enqueues again a job whose run was lost, and
+times out one past its deadline (real Redis broker, real database; the worker's side, resuming
+from stage records, is in test_jobtypes.py and test_tasks_worker.py)."""
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from eventbus import recovery
+from eventbus.jobs import RunLease
+from eventbus.models import StageRecord
+from idempotency.models import Operation
+
+from .helpers import job_events, queued_task_ids
+
+pytestmark = pytest.mark.django_db
+State = Operation.State
+
+
+@pytest.fixture
+def quiet(settings):
+    settings.EVENTBUS = {**settings.EVENTBUS, "RECOVER_AFTER": 60}
+    return timezone.now() - timedelta(seconds=120)  # longer ago than RECOVER_AFTER
+
+
+def test_a_running_job_with_no_lease_and_no_sign_of_life_is_enqueued_again(broker, make_operation, quiet):
+    lost = make_operation(state=State.RUNNING, enqueued_at=quiet)
+    StageRecord.objects.create(operation=lost, stage="vision", started_at=quiet, finished_at=quiet)
+    assert recovery.recover_stranded() == 1
+    assert queued_task_ids(broker) == [str(lost.op_id)]
+    lost.refresh_from_db()
+    assert lost.enqueued_at > quiet  # the new message is its sign of life: not sent again at once
+    assert recovery.recover_stranded() == 0
+
+
+def test_jobs_with_a_sign_of_life_are_left_alone(broker, make_operation, quiet):
+    recent_stage = make_operation(state=State.RUNNING, enqueued_at=quiet)
+    StageRecord.objects.create(operation=recent_stage, stage="vision", started_at=timezone.now())
+    recently_enqueued = make_operation(enqueued_at=timezone.now())
+    leased = make_operation(state=State.RUNNING, enqueued_at=quiet)
+    lease = RunLease(leased)
+    assert lease.acquire()
+    never_enqueued = make_operation()  # the sweep's other half sends these
+    finished = make_operation(state=State.COMPLETED, enqueued_at=quiet)
+    try:
+        assert recovery.recover_stranded() == 0
+    finally:
+        lease.release()
+    assert queued_task_ids(broker) == []
+    assert Operation.objects.get(pk=finished.pk).state == State.COMPLETED
+    assert Operation.objects.get(pk=never_enqueued.pk).enqueued_at is None
+
+
+def test_a_stranded_job_past_its_deadline_times_out_with_its_final_event(broker, make_operation, quiet):
+    late = make_operation(state=State.RUNNING, enqueued_at=quiet, deadline=timezone.now() - timedelta(seconds=1))
+    assert recovery.recover_stranded() == 1
+    assert Operation.objects.get(pk=late.pk).state == State.TIMED_OUT
+    assert job_events(broker, "scan", late.op_id) == [("done", 51)]
+    assert queued_task_ids(broker) == []
