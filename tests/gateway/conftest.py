@@ -80,3 +80,35 @@ def _publish_and_route(job, seqs):
 
 
 publish_and_route = sync_to_async(_publish_and_route, thread_sensitive=False)
+
+
+# For the browser tests (test_page.py, test_jobstream.py): Debian's chromium and a live daphne.
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+@pytest.fixture
+def browser():
+    import shutil
+
+    from playwright.sync_api import sync_playwright
+
+    assert shutil.which("chromium"), "Debian's chromium is needed (make test installs it: see Makefile)"
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=shutil.which("chromium") or CHROMIUM,
+            args=["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking"],
+        )
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def web(redis_client):
+    """daphne on a free port (a test may stop it and start it again on the same port)."""
+    from config.redis_server import free_port
+    from tests.processes import Daphne
+
+    web = Daphne(free_port()).start()
+    yield web
+    web.stop()

@@ -4,17 +4,14 @@ survive the server closing every socket (daphne restarted mid-job), and never sh
 twice. Also: chat's answer streams in chunk by chunk from the page's default payload, and the
 login page and the favicon are served and styled like the page."""
 import json
-import shutil
 from urllib.parse import urljoin
 
 import pytest
 
-from config.redis_server import free_port
 from eventbus.testing import events_of
-from tests.processes import Daphne, Manage, Worker
+from tests.processes import Manage, Worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 STAGE_SECONDS = "0.8"  # a scan job (and a chat job) takes ~3.2 s: time to restart the server in the middle
 
 # Installed before the page's own script: for every log line the page adds for an event, what the
@@ -46,27 +43,6 @@ CARD_LOOK = """card => {
   return JSON.stringify([style.borderColor, style.boxShadow, style.outlineStyle,
                          note ? getComputedStyle(note).display : null]);
 }"""
-
-
-@pytest.fixture
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    assert shutil.which("chromium"), "Debian's chromium is needed (make test installs it: see Makefile)"
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=CHROMIUM,
-            args=["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking"],
-        )
-        yield browser
-        browser.close()
-
-
-@pytest.fixture
-def web(redis_client):
-    web = Daphne(free_port()).start()
-    yield web
-    web.stop()
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 // The job page: start jobs with an Idempotency-Key, resend to see the replay, and watch each
-// job over its WebSocket, resuming from the last seq received after any disconnect. The bar
-// shows the latest event's own `data.progress`, which the pipelines set on every event.
+// job over its WebSocket with jobstream.js (loaded first), which resumes from the last seq
+// received after any disconnect. The bar shows the latest event's own `data.progress`, which
+// the pipelines set on every event.
 "use strict";
 
 const STAGES = {
@@ -18,7 +19,6 @@ const PAYLOAD_HINTS = {
   scan: "scan reads no payload field: its stages are simulated.",
   chat: 'chat reads "prompt": what its streamed answer is about.',
 };
-const TERMINAL_CLOSE = { 4400: "bad parameters", 4401: "not logged in", 4403: "forbidden", 4404: "no such job" };
 
 function csrfToken() {
   const match = document.cookie.match(/(?:^|; )csrftoken=([^;]+)/);
@@ -44,7 +44,7 @@ async function sendJobRequest(request) {
   result.textContent = `HTTP ${response.status}${replayed ? " — replayed (Idempotent-Replayed: true), no new job" : " — executed"}`;
   result.className = replayed ? "replayed" : "";
   if (response.status === 201) {
-    watchJob(body);
+    showJob(body);
   } else {
     result.textContent += `: ${body.title || ""} ${body.detail || ""}`;
   }
@@ -90,7 +90,7 @@ document.getElementById("send-again").addEventListener("click", () => {
 
 const watched = new Map();
 
-function watchJob(job) {
+function showJob(job) {
   if (watched.has(job.job_id)) {
     // A replay answers with the job already on the page: point at its card, flashing it again
     // on every replay (removing the class and forcing a reflow restarts the animation).
@@ -114,45 +114,33 @@ function watchJob(job) {
     stages.append(chip);
   }
   document.getElementById("jobs").prepend(card);
-  const state = { job, card, lastSeq: 0, seen: new Set(), attempts: 0, finished: false, socket: null, progress: 0 };
+  const state = { job, card, progress: 0, stream: null };
   watched.set(job.job_id, state);
-  connect(state);
+  const url = new URL(job.ws_url, window.location.href);
+  url.protocol = window.location.protocol === "https:" ? "wss:" : "ws:";
+  url.host = window.location.host; // the page's own origin: cookies and origin checks match
+  state.stream = JobStream.watch(url.href, {
+    onEvent: (frame) => onEvent(state, frame),
+    // The client drops a repeat (seq <= the last one); the page still shows it, never hides it.
+    onDropped: (frame) => {
+      logLine(state, `#${frame.seq} ${frame.stage} ${JSON.stringify(frame.data)}`, "duplicate").dataset.seq = frame.seq;
+    },
+    onReset: (snapshot) => onReset(state, snapshot),
+    onError: (error) => logLine(state, `error ${error.code}: ${error.detail}`, "reset"),
+    onStatus: (status, info) => showConnection(state, status, info),
+  });
 }
 
-function setConnection(state, name, text) {
+function showConnection(state, status, info) {
+  const [name, text] = {
+    connecting: ["connecting", "connecting…"],
+    open: ["live", "live"],
+    reconnecting: ["reconnecting", `reconnecting… (${info.attempt})`],
+    closed: info.finished ? ["closed", "done"] : info.error ? ["error", `closed: ${info.error}`] : ["closed", "closed"],
+  }[status];
   const badge = state.card.querySelector(".connection");
   badge.dataset.state = name;
   badge.textContent = text;
-}
-
-function connect(state) {
-  const url = new URL(state.job.ws_url, window.location.href);
-  url.protocol = window.location.protocol === "https:" ? "wss:" : "ws:";
-  url.host = window.location.host; // the page's own origin: cookies and origin checks match
-  url.searchParams.set("last_seq", String(state.lastSeq));
-  const socket = new WebSocket(url);
-  state.socket = socket;
-  setConnection(state, state.attempts ? "reconnecting" : "connecting", state.attempts ? "reconnecting…" : "connecting…");
-  socket.addEventListener("open", () => {
-    state.attempts = 0;
-    setConnection(state, "live", "live");
-  });
-  socket.addEventListener("message", (message) => onFrame(state, JSON.parse(message.data)));
-  socket.addEventListener("close", (event) => {
-    if (state.finished) {
-      setConnection(state, "closed", "done");
-      return;
-    }
-    if (TERMINAL_CLOSE[event.code]) {
-      setConnection(state, "error", `closed: ${TERMINAL_CLOSE[event.code]}`);
-      return;
-    }
-    // Anything else (server restart, 4008 too slow, network): resume from the last seq.
-    state.attempts += 1;
-    const delay = event.code === 4008 ? 0 : Math.min(5000, 200 * 2 ** Math.min(state.attempts, 5));
-    setConnection(state, "reconnecting", `reconnecting… (${state.attempts})`);
-    setTimeout(() => connect(state), delay);
-  });
 }
 
 function logLine(state, text, className) {
@@ -198,28 +186,16 @@ function showAnswer(state, text, gap) {
   answer.textContent += (gap ? " […] " : "") + text;
 }
 
-function onFrame(state, frame) {
-  if (frame.type === "event") {
-    // Every frame is logged as it arrives; a repeat would be shown, never hidden.
-    const repeat = state.seen.has(frame.seq);
-    state.seen.add(frame.seq);
-    const line = logLine(state, `#${frame.seq} ${frame.stage} ${JSON.stringify(frame.data)}`, repeat ? "duplicate" : "");
-    line.dataset.seq = frame.seq;
-    state.lastSeq = Math.max(state.lastSeq, frame.seq);
-    showProgress(state, frame.stage, frame.seq, frame.data);
-    if (!repeat) showAnswer(state, (frame.data || {}).text, false);  // the log shows a repeat; the answer need not
-    if (frame.seq >= FINAL_SEQ) {
-      state.finished = true;
-      state.socket.close(1000);
-    }
-  } else if (frame.type === "reset") {
-    const snapshot = frame.state || {};
-    logLine(state, `reset (recovered: false): state ${JSON.stringify(snapshot)}`, "reset");
-    state.lastSeq = Math.max(state.lastSeq, snapshot.seq || 0);
-    if (snapshot.stage) showProgress(state, snapshot.stage, snapshot.seq || 0, snapshot.data);
-    // The chunks between the last one shown and the snapshot's are gone: the answer says so.
-    showAnswer(state, (snapshot.data || {}).text, true);
-  } else if (frame.type === "error") {
-    logLine(state, `error ${frame.code}: ${frame.detail}`, "reset");
-  }
+function onEvent(state, frame) {
+  const line = logLine(state, `#${frame.seq} ${frame.stage} ${JSON.stringify(frame.data)}`, "");
+  line.dataset.seq = frame.seq;
+  showProgress(state, frame.stage, frame.seq, frame.data);
+  showAnswer(state, (frame.data || {}).text, false);
+}
+
+function onReset(state, snapshot) {
+  logLine(state, `reset (recovered: false): state ${JSON.stringify(snapshot)}`, "reset");
+  if (snapshot.stage) showProgress(state, snapshot.stage, snapshot.seq || 0, snapshot.data);
+  // The chunks between the last one shown and the snapshot's are gone: the answer says so.
+  showAnswer(state, (snapshot.data || {}).text, true);
 }
