@@ -1,8 +1,10 @@
-"""The sweep: enqueue the operations whose task never reached the broker.
+"""The sweep: no accepted job stays stranded.
 
 `accept` enqueues a job's task after commit; when the broker was unreachable then, the
 Operation stays PENDING with enqueued_at NULL, and this sends its task later. So an accepted
-operation is never lost, even if the broker was down when it was accepted.
+operation is never lost, even if the broker was down when it was accepted, or the process
+crashed between the commit and the enqueue. Each pass also enqueues again the jobs whose run
+was lost (eventbus.recovery).
 """
 from __future__ import annotations
 
@@ -36,8 +38,15 @@ def enqueue_pending(*, older_than_seconds: float = 30, limit: int = 1000) -> int
     return enqueued
 
 
+def sweep(*, older_than_seconds: float = 30) -> int:
+    """One pass: jobs never enqueued, then jobs whose run was lost (eventbus.recovery)."""
+    from .recovery import recover_stranded
+
+    return enqueue_pending(older_than_seconds=older_than_seconds) + recover_stranded()
+
+
 class Sweeper:
-    """Runs `enqueue_pending` every `interval` seconds until stopped.
+    """Runs `sweep` every `interval` seconds until stopped: no accepted job stays stranded.
 
     SIGTERM or SIGINT stops it after the pass in hand; a second one stops it at once.
     """
@@ -51,11 +60,11 @@ class Sweeper:
         """Sweep until stopped (or once, with `burst`); returns how many were enqueued."""
         total = 0
         if not burst:
-            logger.info("Sweeping every %ss for operations never enqueued", self.interval)
+            logger.info("Sweeping every %ss for jobs never enqueued or whose run was lost", self.interval)
         with GracefulStop(self.stop, name="sweep_operations"):
             while True:
                 try:
-                    total += enqueue_pending(older_than_seconds=self.older_than_seconds)
+                    total += sweep(older_than_seconds=self.older_than_seconds)
                 except Exception:
                     # The database went away: try again next time, never a crash loop.
                     logger.exception("Sweep failed; next try in %ss", self.interval)

@@ -57,3 +57,11 @@ def test_a_stranded_job_past_its_deadline_times_out_with_its_final_event(broker,
     assert Operation.objects.get(pk=late.pk).state == State.TIMED_OUT
     assert job_events(broker, "scan", late.op_id) == [("done", 51)]
     assert queued_task_ids(broker) == []
+
+
+def test_the_sweep_command_recovers_lost_runs(broker, make_operation, quiet):
+    from django.core.management import call_command
+
+    lost = make_operation(state=State.RUNNING, enqueued_at=quiet)
+    call_command("sweep_operations", burst=True, older_than=0)
+    assert queued_task_ids(broker) == [str(lost.op_id)]

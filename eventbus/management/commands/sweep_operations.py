@@ -5,8 +5,9 @@ from eventbus.sweep import Sweeper
 
 class Command(BaseCommand):
     help = (
-        "Enqueue the jobs of operations accepted while the broker was unreachable "
-        "(PENDING, never enqueued). Runs every --interval seconds until SIGTERM/SIGINT."
+        "Enqueue the jobs of operations accepted while the broker was unreachable (PENDING, never "
+        "enqueued), and again those whose run was lost (EVENTBUS['RECOVER_AFTER']); time out those "
+        "past their deadline. Runs every --interval seconds until SIGTERM/SIGINT."
     )
 
     def add_arguments(self, parser):
