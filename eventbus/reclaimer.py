@@ -22,6 +22,7 @@ from .keys import shard_count, stream_key
 from .redis import make_async_redis
 from .routing import DEFERRED, Delivery, Stream, count_route_results
 from .scripts import arun_pipelined
+from .worker import LoopWorker
 
 log = logging.getLogger("eventbus.reclaimer")
 
@@ -57,7 +58,10 @@ def stream_configs(domains: Iterable[str] | None = None) -> list[tuple[str, int]
     return [(domain, shard_count(domain)) for domain in (domains or all_domains())]
 
 
-class Reclaimer:
+class Reclaimer(LoopWorker):
+    name = "run_reclaimer"
+    one_pass_burst = True  # --burst: one pass, then exit
+
     def __init__(
         self,
         *,
@@ -71,6 +75,7 @@ class Reclaimer:
         burst: bool = False,
         client_factory=make_async_redis,
     ):
+        super().__init__(burst=burst)
         settings = eventbus_settings
         self.streams = streams or stream_configs()
         for domain, _ in self.streams:
@@ -81,46 +86,27 @@ class Reclaimer:
         self.count = count or settings.RECLAIM_COUNT
         self.max_deliveries = max_deliveries or settings.MAX_DELIVERIES
         self.interval = settings.RECLAIM_INTERVAL if interval is None else interval
-        self.burst = burst
+        self.pause = self.interval
         self.client_factory = client_factory
         self.client = None
-        self.stop_requested = False
-        self._stopped: asyncio.Event | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
 
-    def request_stop(self) -> None:
-        """Safe from a signal handler: the pass in hand finishes, the wait ends at once."""
-        self.stop_requested = True
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._stopped.set)
+    # The loop (eventbus.worker): one unit is a pass over every stream --------------------------
 
-    # The loop ------------------------------------------------------------------------------
+    def work_once(self) -> int:
+        claimed = asyncio.run(self.reclaim_pass())
+        log.info("reclaimer: %d entries claimed", claimed)
+        return claimed
 
-    def run(self) -> None:
-        asyncio.run(self.arun())
-
-    async def arun(self) -> None:
-        self._stopped = asyncio.Event()
-        self._loop = asyncio.get_running_loop()
+    async def reclaim_pass(self) -> int:
+        # A client per pass: it belongs to the pass's event loop.
         self.client = self.client_factory()
         # The raw reply, so that one parser handles the 6.2 and 7 shapes (and nil entries).
         self.client.set_response_callback("XAUTOCLAIM", lambda response, **options: response)
         try:
-            while not self.stop_requested:
-                try:
-                    claimed = await self.reclaim_all()
-                    log.info("reclaimer: %d entries claimed", claimed)
-                except (ConnectionError, TimeoutError) as exc:
-                    log.warning("reclaimer: %s; retrying after the interval", exc)
-                if self.burst:
-                    break
-                try:
-                    await asyncio.wait_for(self._stopped.wait(), self.interval)
-                except asyncio.TimeoutError:
-                    pass
+            return await self.reclaim_all()
         finally:
             await self.client.aclose()
-            self.client = self._loop = None
+            self.client = None
 
     async def reclaim_all(self) -> int:
         counts = await asyncio.gather(

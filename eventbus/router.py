@@ -18,26 +18,30 @@ import time
 from collections import Counter
 from typing import Iterable
 
-from redis.exceptions import ConnectionError, ResponseError, TimeoutError
+from redis.exceptions import ResponseError
 
 from . import metrics
 from .conf import eventbus_settings
 from .redis import get_redis, is_cluster
 from .routing import APPLIED, DEFERRED, Delivery, Stream, count_route_results, streams_for
 from .scripts import run_pipelined
+from .worker import LoopWorker
 
 log = logging.getLogger("eventbus.router")
 
 # While the cluster client polls (it cannot block on streams of several slots), at most this.
 CLUSTER_POLL_MS = 100
-MAX_BACKOFF = 5.0
+# How long a stream whose key holds another type is set aside before it is tried again.
+SET_ASIDE_SECONDS = 5.0
 
 
 def default_consumer() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-class Router:
+class Router(LoopWorker):
+    name = "run_router"
+
     def __init__(
         self,
         *,
@@ -49,6 +53,7 @@ class Router:
         burst: bool = False,
         client=None,
     ):
+        super().__init__(burst=burst)
         settings = eventbus_settings
         self.streams = streams_for(domains)
         self.by_key = {stream.key.encode(): stream for stream in self.streams}
@@ -56,47 +61,40 @@ class Router:
         self.consumer = consumer or default_consumer()
         self.count = count or settings.ROUTER_COUNT
         self.block_ms = settings.ROUTER_BLOCK_MS if block_ms is None else block_ms
-        self.burst = burst
         self.client = client or get_redis()
         self.cluster = is_cluster(self.client)
         self.deferred: dict[tuple[Stream, str], Delivery] = {}
-        self.stop_requested = False
+        # Streams whose key cannot be read (it holds another type): set aside until the given
+        # time, so that the other streams' events keep flowing.
+        self.set_aside: dict[Stream, float] = {}
         self._lag_due = self._retry_due = 0.0
 
-    def request_stop(self) -> None:
-        self.stop_requested = True
+    # The loop (eventbus.worker) ---------------------------------------------------------------
 
-    # The loop ------------------------------------------------------------------------------
-
-    def run(self) -> None:
+    def run(self) -> int:
         log.info("router %s: group %r, streams %s", self.consumer, self.group, [s.key for s in self.streams])
-        backoff, recover = 0.1, True
-        while not self.stop_requested:
-            try:
-                if recover:
-                    self.ensure_groups()
-                    self.recover_pending()
-                    recover = False
-                busy = self.work_once()
-                backoff = 0.1
-            except (ConnectionError, TimeoutError) as exc:
-                # Redis went away: entries in flight are pending in the group; read them again.
-                log.warning("router %s: %s; retrying in %.1fs", self.consumer, exc, backoff)
-                self._sleep(backoff)
-                backoff, recover = min(backoff * 2, MAX_BACKOFF), True
-                continue
-            except ResponseError as exc:
-                if "NOGROUP" not in str(exc):
-                    raise
-                log.warning("router %s: %s; creating the group again", self.consumer, exc)
-                recover = True
-                continue
-            if self.burst and not busy:
-                break
-        log.info("router %s: stopped; %d deferred entries left pending", self.consumer, len(self.deferred))
+        try:
+            return super().run()
+        finally:
+            log.info("router %s: stopped; %d deferred entries left pending", self.consumer, len(self.deferred))
 
-    def work_once(self) -> bool:
-        """Read a batch and settle it, then retry the deferred entries; True if anything moved."""
+    def setup(self) -> None:
+        # After a failure too: Redis may have lost the groups, and entries in flight are
+        # pending in the group; read them again.
+        self.ensure_groups()
+        self.recover_pending()
+
+    @property
+    def active(self) -> list[Stream]:
+        now = time.monotonic()
+        for stream, until in list(self.set_aside.items()):
+            if until <= now and self._create_group(stream):
+                del self.set_aside[stream]
+                log.info("router %s: stream %s is readable again", self.consumer, stream.key)
+        return [stream for stream in self.streams if stream not in self.set_aside]
+
+    def work_once(self) -> int:
+        """Read a batch and settle it, then retry the deferred entries; 1 if anything moved."""
         if self.burst:
             block = None
         elif self.deferred:
@@ -104,7 +102,11 @@ class Router:
         else:
             block = self.block_ms
         # BLOCK 0 would wait forever: 0 means do not block.
-        batch = self.read({stream.key: ">" for stream in self.streams}, block or None)
+        active = self.active
+        if not active:
+            self.wait(SET_ASIDE_SECONDS)
+            return 0
+        batch = self.read({stream.key: ">" for stream in active}, block or None)
         progressed = self.settle(batch) if batch else set()
         # A deferred entry can move only after its job's previous event was applied: by us just
         # now (retry that job's), or by another router, which we cannot see (retry them all,
@@ -116,18 +118,37 @@ class Router:
         elif self.deferred and progressed:
             progressed |= self.retry_deferred(progressed)
         self._update_lag()
-        return bool(batch) or bool(progressed)
+        return int(bool(batch) or bool(progressed))
 
     # Reading --------------------------------------------------------------------------------
 
     def ensure_groups(self) -> None:
         for stream in self.streams:
-            try:
-                # From the start of the stream: events published before the first router ran count.
-                self.client.xgroup_create(stream.key, self.group, id="0", mkstream=True)
-            except ResponseError as exc:
-                if "BUSYGROUP" not in str(exc):
-                    raise
+            if stream not in self.set_aside and not self._create_group(stream):
+                self.set_aside[stream] = time.monotonic() + SET_ASIDE_SECONDS
+
+    def _create_group(self, stream: Stream) -> bool:
+        """The group on the stream (from its start: events published before the first router
+        ran count); False when the stream's key holds another type and is set aside."""
+        try:
+            self.client.xgroup_create(stream.key, self.group, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" in str(exc):
+                return True
+            if "WRONGTYPE" in str(exc):
+                log.error("router %s: the key %s holds a %s, not a stream: set aside, tried again every "
+                          "%ss (the other streams are served)", self.consumer, stream.key,
+                          self._type_of(stream.key), SET_ASIDE_SECONDS)
+                return False
+            raise
+        return True
+
+    def _type_of(self, key: str) -> str:
+        try:
+            kind = self.client.type(key)
+        except ResponseError:
+            return "value of another type"
+        return kind.decode() if isinstance(kind, bytes) else str(kind)
 
     def read(self, ids: dict[str, str], block: int | None) -> list[Delivery]:
         """XREADGROUP from each stream at its id (">" new entries, else our pending after it)."""
@@ -139,7 +160,7 @@ class Router:
                 pipe.xreadgroup(self.group, self.consumer, {key: last_id}, count=self.count)
             replies = [reply for replies in pipe.execute() for reply in replies]
             if block and not any(entries for _, entries in replies):
-                self._sleep(min(block, CLUSTER_POLL_MS) / 1000)
+                self.wait(min(block, CLUSTER_POLL_MS) / 1000)
         return [
             Delivery.parse(self.by_key[key if isinstance(key, bytes) else key.encode()], stream_id, fields)
             for key, entries in replies
@@ -149,7 +170,7 @@ class Router:
     def recover_pending(self) -> None:
         """Settle the entries this consumer read before (a restart with the same name, a lost
         connection) without waiting for the reclaimer."""
-        ids = {stream.key: "0" for stream in self.streams}
+        ids = {stream.key: "0" for stream in self.active}
         while ids and not self.stop_requested:
             batch = self.read(ids, None)
             if not batch:
@@ -251,8 +272,3 @@ class Router:
                 # "lag" is Redis >= 7.0 (and None when Redis cannot tell); 6.2 has none.
                 if group["name"] in names and group.get("lag") is not None:
                     metrics.CONSUMER_LAG.labels(*stream.labels).set(group["lag"])
-
-    def _sleep(self, seconds: float) -> None:
-        deadline = time.monotonic() + seconds
-        while not self.stop_requested and (left := deadline - time.monotonic()) > 0:
-            time.sleep(min(left, 0.1))

@@ -9,14 +9,13 @@ was lost (eventbus.recovery).
 from __future__ import annotations
 
 import logging
-import threading
 from datetime import timedelta
 
 from django.utils import timezone
 
 from . import lifecycle
-from .stopping import GracefulStop
 from .tasks import enqueue
+from .worker import LoopWorker
 
 logger = logging.getLogger(__name__)
 
@@ -45,31 +44,21 @@ def sweep(*, older_than_seconds: float = 30) -> int:
     return enqueue_pending(older_than_seconds=older_than_seconds) + recover_stranded()
 
 
-class Sweeper:
-    """Runs `sweep` every `interval` seconds until stopped: no accepted job stays stranded.
+class Sweeper(LoopWorker):
+    """Runs `sweep` every `interval` seconds until stopped (eventbus.worker's loop): no accepted
+    job stays stranded."""
 
-    SIGTERM or SIGINT stops it after the pass in hand; a second one stops it at once.
-    """
+    name = "sweep_operations"
+    one_pass_burst = True  # --burst: one pass, then exit
 
-    def __init__(self, *, interval: float = 30, older_than_seconds: float = 30):
-        self.interval = interval
+    def __init__(self, *, interval: float = 30, older_than_seconds: float = 30, burst: bool = False):
+        super().__init__(burst=burst)
+        self.pause = interval
         self.older_than_seconds = older_than_seconds
-        self._stop = threading.Event()
 
-    def run(self, *, burst: bool = False) -> int:
-        """Sweep until stopped (or once, with `burst`); returns how many were enqueued."""
-        total = 0
-        if not burst:
-            logger.info("Sweeping every %ss for jobs never enqueued or whose run was lost", self.interval)
-        with GracefulStop(self.stop, name="sweep_operations"):
-            while True:
-                try:
-                    total += sweep(older_than_seconds=self.older_than_seconds)
-                except Exception:
-                    # The database went away: try again next time, never a crash loop.
-                    logger.exception("Sweep failed; next try in %ss", self.interval)
-                if burst or self._stop.wait(self.interval):
-                    return total
+    def setup(self) -> None:
+        if not self.burst:
+            logger.info("Sweeping every %ss for jobs never enqueued or whose run was lost", self.pause)
 
-    def stop(self) -> None:
-        self._stop.set()
+    def work_once(self) -> int:
+        return sweep(older_than_seconds=self.older_than_seconds)

@@ -206,3 +206,43 @@ def test_the_event_json_is_the_published_message(redis_client, subscriber):
     [message] = subscriber.receive(1)
     assert message["data"] == {"text": 'caf\u00e9 "quoted"', "empty": [], "n": 1.5}
     assert json.loads(redis_client.get(JobKeys("chat", "job-h").state)) == message
+
+
+def test_a_stream_key_of_another_type_is_set_aside_and_the_other_streams_keep_flowing(
+    redis_client, monkeypatch, caplog
+):
+    """A corrupt shard stream key used to make the router exit (and a supervisor restart it
+    forever) while no shard's events flowed. It is set aside, the others are served, and once
+    the key is repaired its stream is served again: all in one router that never stops."""
+    import threading
+
+    from eventbus import router as router_module
+
+    monkeypatch.setattr(router_module, "SET_ASIDE_SECONDS", 0.3)
+    jobs = {}
+    for n in range(64):  # one job on shard 0, one elsewhere
+        keys = JobKeys("scan", f"job-{n}")
+        jobs.setdefault(keys.shard == 0, f"job-{n}")
+    broken, healthy = jobs[True], jobs[False]
+    corrupt_key = stream_key("scan", 0)
+    redis_client.set(corrupt_key, "not a stream")
+
+    router = Router(consumer="steady", block_ms=50)
+    thread = threading.Thread(target=router.run, daemon=True)
+    thread.start()
+    try:
+        publish_job("scan", healthy, [10, 11])
+        wait_for(lambda: history_seqs(redis_client, "scan", healthy) == [10, 11], timeout=10,
+                 message="the healthy shard's events")
+        assert f"the key {corrupt_key} holds a string, not a stream" in caplog.text
+        assert thread.is_alive()
+
+        redis_client.delete(corrupt_key)  # repaired
+        publish_job("scan", broken, [10, 11])
+        wait_for(lambda: history_seqs(redis_client, "scan", broken) == [10, 11], timeout=10,
+                 message="the repaired shard's events")
+        assert thread.is_alive()
+    finally:
+        router.request_stop()
+        thread.join(10)
+    assert not thread.is_alive()

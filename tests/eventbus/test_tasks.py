@@ -269,7 +269,7 @@ def test_sweeper_loops_until_stopped(broker, make_operation, monkeypatch):
         if len(passes) == 3:
             make_operation()
         if len(passes) == 5:
-            threading.Thread(target=sweeper.stop).start()
+            threading.Thread(target=sweeper.request_stop).start()
         return enqueue_pending(**kwargs)
 
     monkeypatch.setattr("eventbus.sweep.enqueue_pending", counting)

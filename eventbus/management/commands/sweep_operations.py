@@ -2,6 +2,8 @@ from django.core.management.base import BaseCommand
 
 from eventbus.sweep import Sweeper
 
+from ._options import add_loop_options
+
 
 class Command(BaseCommand):
     help = (
@@ -11,7 +13,7 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser):
-        parser.add_argument("--burst", action="store_true", help="One pass, then exit.")
+        add_loop_options(parser, burst_help="One pass, then exit.")
         parser.add_argument("--interval", type=float, default=30, help="Seconds between passes (default 30).")
         parser.add_argument(
             "--older-than",
@@ -21,7 +23,9 @@ class Command(BaseCommand):
             help="Only operations accepted at least this many seconds ago (default 30).",
         )
 
-    def handle(self, *args, burst, interval, older_than, **options):
-        sweeper = Sweeper(interval=interval, older_than_seconds=older_than)
-        enqueued = sweeper.run(burst=burst)
+    def handle(self, *args, burst, interval, older_than, metrics_port, **options):
+        from eventbus import metrics
+
+        metrics.serve(metrics_port)
+        enqueued = Sweeper(interval=interval, older_than_seconds=older_than, burst=burst).run()
         self.stdout.write(f"Enqueued {enqueued} operation(s).")
