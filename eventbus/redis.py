@@ -54,6 +54,27 @@ def make_async_redis():
     return redis.asyncio.Redis.from_url(redis_url())
 
 
+def make_async_node_client():
+    """A plain redis.asyncio client of the node REDIS_URL names, also in cluster mode: the
+    gateway's pub/sub connection (PUBLISH reaches every node of a cluster, so one node hears
+    every channel)."""
+    import redis.asyncio
+
+    return redis.asyncio.Redis.from_url(redis_url())
+
+
+def make_async_read_client(*, max_connections: int):
+    """A redis.asyncio client for many concurrent short reads (the gateway's backfills): at
+    most `max_connections`, and a burst of readers queues for one instead of failing at the
+    pool's limit (a reconnect resyncs every socket at once). A cluster client in cluster mode."""
+    if eventbus_settings.CLUSTER:
+        return make_async_redis()
+    import redis.asyncio
+
+    pool = redis.asyncio.BlockingConnectionPool.from_url(redis_url(), max_connections=max_connections, timeout=None)
+    return redis.asyncio.Redis(connection_pool=pool)
+
+
 def is_cluster(client) -> bool:
     """Cluster clients cannot read streams of several slots in one command."""
     from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster

@@ -26,7 +26,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from eventbus.keys import JobKeys
+from eventbus.selectors import job_channel, read_backfill
 from idempotency.models import Operation
 
 try:  # daphne's WebSocket stack: sending to a client whose connection just dropped
@@ -89,7 +89,8 @@ def is_final(event: dict) -> bool:
 
 
 class JobStreamConsumer(AsyncWebsocketConsumer):
-    job_keys: JobKeys | None = None
+    channel: str | None = None
+    job_id = ""
     pump: asyncio.Task | None = None
     state_check: asyncio.Task | None = None
     closing = False
@@ -111,11 +112,12 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
         except RefuseConnection as refusal:
             await self.refuse(refusal.code, refusal.detail)
             return
-        self.job_keys = JobKeys(self.operation.domain, str(self.operation.op_id))
+        self.job_id = str(self.operation.op_id)
+        self.channel = job_channel(self.operation.domain, self.job_id)
         self.queue: asyncio.Queue = asyncio.Queue(maxsize=gateway_settings.QUEUE_SIZE)
         self.queue.put_nowait(_RESYNC)  # first the backfill; live events queue up behind it
         self.hub = get_hub()
-        await self.hub.add(self.job_keys.channel, self)  # subscribed before the history is read
+        await self.hub.add(self.channel, self)  # subscribed before the history is read
         self.pump = asyncio.create_task(self._pump())
 
     async def refuse(self, code: int, detail: str) -> None:
@@ -125,8 +127,8 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
 
     async def disconnect(self, code):
         self.closing = True
-        if self.job_keys:
-            await self.hub.remove(self.job_keys.channel, self)
+        if self.channel:
+            await self.hub.remove(self.channel, self)
         if self.state_check and not self.state_check.done():
             self.state_check.cancel()
         if self.pump and not self.pump.done():
@@ -154,7 +156,7 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
             self.queue.put_nowait(item)
         except asyncio.QueueFull:
             self.closing = True
-            logger.info("job socket %s fell %d frames behind: closing 4008", self.job_keys.job_id, self.queue.qsize())
+            logger.info("job socket %s fell %d frames behind: closing 4008", self.job_id, self.queue.qsize())
             asyncio.get_running_loop().create_task(self._close_slow())
 
     async def _close_slow(self) -> None:
@@ -185,10 +187,10 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
         except ClientGone:
             # The client went away while we sent (its disconnect is on its way to us): nothing
             # failed, and there is no socket left to close.
-            logger.info("job socket %s: the client left mid-send", self.job_keys.job_id)
+            logger.info("job socket %s: the client left mid-send", self.job_id)
         except Exception:
             logger.exception("job socket %s failed; closing 1011 (the client resumes with last_seq)",
-                             self.job_keys.job_id)
+                             self.job_id)
             await self.close(1011)
 
     async def _backfill_when_redis_answers(self) -> None:
@@ -199,7 +201,7 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
                 return await self._backfill()
             except (RedisConnectionError, RedisTimeoutError) as exc:
                 logger.warning("job socket %s: history unreadable (%s); retrying in %.2f s",
-                               self.job_keys.job_id, exc, delay)
+                               self.job_id, exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
@@ -208,13 +210,8 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
         self.last_sent = seq
 
     async def _backfill(self) -> None:
-        async with self.hub.redis.pipeline(transaction=False) as pipe:  # one round trip
-            pipe.zrangebyscore(self.job_keys.history, f"({self.last_sent}", "+inf")
-            pipe.get(self.job_keys.applied)
-            pipe.get(self.job_keys.state)
-            raws, applied, state = await pipe.execute()
-        entries = [(raw, json.loads(raw)) for raw in raws]
-        latest = json.loads(state) if state is not None else None  # the job's newest event
+        backfill = await read_backfill(self.hub.redis, self.operation.domain, self.job_id, after=self.last_sent)
+        entries, applied, latest = backfill.entries, backfill.applied, backfill.latest
         if not entries or entries[0][1].get("prev_seq", 0) > self.last_sent:
             # The history does not reach back to what the client has. Either the router has
             # applied nothing newer yet (wait for it: the state KV runs ahead, written at
@@ -250,7 +247,7 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
         try:
             state = await job_state(self.operation.pk)
         except Exception:
-            logger.warning("job socket %s: could not read the job's state", self.job_keys.job_id,
+            logger.warning("job socket %s: could not read the job's state", self.job_id,
                            exc_info=True)
             self.state_stale = True  # the next resync tries again
             return

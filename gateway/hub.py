@@ -17,8 +17,7 @@ from typing import Protocol
 import redis.asyncio as aioredis
 from redis.asyncio.client import PubSub
 
-from eventbus.conf import eventbus_settings
-from eventbus.redis import redis_url
+from eventbus.redis import make_async_node_client, make_async_read_client
 
 from .conf import gateway_settings
 
@@ -42,22 +41,11 @@ class _TrackedPubSub(PubSub):
 
 
 class Hub:
-    def __init__(self, url: str):
+    def __init__(self):
         # The pub/sub connection has a client of its own; reads (history, state) share a small
-        # blocking pool: a burst of sockets backfilling at once (a reconnect resyncs them all)
-        # queues for a connection instead of opening one each and hitting the pool's limit.
-        self._redis = aioredis.Redis.from_url(url)
-        if eventbus_settings.CLUSTER:
-            # PUBLISH reaches every node of a cluster, so one plain connection to any node hears
-            # every channel; reads need the cluster client.
-            from redis.asyncio.cluster import RedisCluster
-
-            self._reads = RedisCluster.from_url(url)
-        else:
-            pool = aioredis.BlockingConnectionPool.from_url(
-                url, max_connections=gateway_settings.READ_CONNECTIONS, timeout=None
-            )
-            self._reads = aioredis.Redis(connection_pool=pool)
+        # blocking pool (eventbus.redis builds both).
+        self._redis = make_async_node_client()
+        self._reads = make_async_read_client(max_connections=gateway_settings.READ_CONNECTIONS)
         self._pubsub = _TrackedPubSub(self._redis.connection_pool, ignore_subscribe_messages=False)
         self._pubsub.hub = self
         self._listeners: dict[str, set[Listener]] = {}
@@ -158,7 +146,7 @@ def get_hub() -> Hub:
     loop = asyncio.get_running_loop()
     hub = _hubs.get(loop)
     if hub is None:
-        hub = _hubs[loop] = Hub(redis_url())
+        hub = _hubs[loop] = Hub()
     return hub
 
 
