@@ -252,7 +252,7 @@ def wait_port(child: Child, port: int, timeout: float = 60) -> None:
 
 def wait_router(child: Child, client, timeout: float = 60) -> None:
     """Ready when its group has a consumer on every stream (it has issued XREADGROUP)."""
-    from eventbus.routing import streams_for
+    from eventbus.delivery import streams_for
 
     keys = [stream.key for stream in streams_for(None)]
     deadline = time.monotonic() + timeout

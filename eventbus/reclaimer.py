@@ -20,7 +20,7 @@ from .conf import eventbus_settings
 from .keys import domains as all_domains
 from .keys import shard_count, stream_key
 from .redis import make_async_redis
-from .routing import DEFERRED, Delivery, Stream, count_route_results
+from .delivery import DEFERRED, Delivery, Stream, count_route_results
 from .scripts import arun_pipelined
 from .worker import LoopWorker
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from .conf import eventbus_settings
 from .entries import MalformedEntry, original_fields, parse_entry
 from .redis import get_redis
-from .routing import streams_for
+from .delivery import streams_for
 from .scripts import REDRIVE, run_pipelined
 
 PAGE = 1000

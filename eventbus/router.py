@@ -23,7 +23,7 @@ from redis.exceptions import ResponseError
 from . import metrics
 from .conf import eventbus_settings
 from .redis import get_redis, is_cluster
-from .routing import APPLIED, DEFERRED, Delivery, Stream, count_route_results, streams_for
+from .delivery import APPLIED, DEFERRED, Delivery, Stream, count_route_results, streams_for
 from .scripts import run_pipelined
 from .worker import LoopWorker
 

@@ -851,7 +851,7 @@ class Run:
 
 
 def streams():
-    from eventbus.routing import streams_for
+    from eventbus.delivery import streams_for
 
     return streams_for()
 

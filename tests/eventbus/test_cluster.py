@@ -10,7 +10,7 @@ from eventbus.keys import JobKeys
 from eventbus.reclaimer import Reclaimer
 from eventbus.redis import get_redis
 from eventbus.router import Router
-from eventbus.routing import streams_for
+from eventbus.delivery import streams_for
 
 from .helpers import Subscriber, dead_letters, history_seqs, pending, state
 

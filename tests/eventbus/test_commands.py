@@ -12,7 +12,7 @@ from django.core.management import CommandError, call_command
 from config.redis_server import free_port
 from eventbus import publish_events
 from eventbus.keys import JobKeys, stream_key
-from eventbus.routing import streams_for
+from eventbus.delivery import streams_for
 from eventbus.stopping import GracefulStop
 
 from tests.processes import Manage, run_command, wait_for

@@ -1,5 +1,6 @@
-"""What the router and the reclaimer share: the shard streams, a delivered entry, and the script
-calls that settle it (route.lua applies and acks it, dead_letter.lua moves and acks it)."""
+"""The delivery of stream entries, what the router and the reclaimer share: the shard streams,
+a delivered entry, and the script calls that settle it (route.lua applies and acks it,
+dead_letter.lua moves and acks it). (gateway/routing.py is Channels' URL routing.)"""
 
 from __future__ import annotations
 
