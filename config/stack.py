@@ -15,6 +15,7 @@ group, as honcho's own `terminate` does: a Celery worker's group holds its prefo
 processes would die under their jobs while the worker does its warm shutdown (WorkerLostError
 tracebacks, jobs cut short). The worker stops its pool itself once the jobs in hand are done.
 """
+
 import os
 import shutil
 import signal
@@ -90,10 +91,12 @@ def run_procfile(env: dict) -> int:
         signal.signal(signum, forward)
     honcho = subprocess.Popen(
         [sys.executable, "-m", "config.stack", "honcho", "start", "-f", str(BASE_DIR / "Procfile")],
-        env=env, cwd=BASE_DIR, start_new_session=True,
+        env=env,
+        cwd=BASE_DIR,
+        start_new_session=True,
     )
-    for signum in early:
-        honcho.send_signal(signum)
+    for pending in early:
+        honcho.send_signal(pending)
     return honcho.wait()
 
 

@@ -2,7 +2,12 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
-from idempotency.problems import problem_handler400, problem_handler403, problem_handler404, problem_handler500
+from idempotency.problems import (
+    problem_handler400,
+    problem_handler403,
+    problem_handler404,
+    problem_handler500,
+)
 
 from . import views
 

@@ -1,4 +1,5 @@
 """/metrics: Prometheus exposition of the whole stack's metrics (no user data)."""
+
 import os
 
 from django.http import HttpResponse

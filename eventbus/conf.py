@@ -1,7 +1,8 @@
 """EVENTBUS settings, read through one accessor (see idempotency.conf.AppSettings)."""
+
 from idempotency.conf import AppSettings
 
-DEFAULTS = {
+DEFAULTS: dict[str, object] = {
     # Job types (eventbus.jobtypes.JobType subclasses) by dotted path, besides those registered
     # with @register in an installed app's `jobs` module.
     "JOB_TYPES": (),

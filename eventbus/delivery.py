@@ -5,8 +5,8 @@ dead_letter.lua moves and acks it). (gateway/routing.py is Channels' URL routing
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from . import metrics
 from .conf import eventbus_settings
@@ -58,7 +58,7 @@ class Delivery:
     since: float = field(default_factory=time.monotonic)
 
     @classmethod
-    def parse(cls, stream: Stream, stream_id, fields: dict | None) -> "Delivery":
+    def parse(cls, stream: Stream, stream_id, fields: dict | None) -> Delivery:
         stream_id = stream_id.decode() if isinstance(stream_id, bytes) else stream_id
         delivery = cls(stream, stream_id, fields or {})
         if delivery.fields:
@@ -72,8 +72,15 @@ class Delivery:
     def deleted(self) -> bool:
         return not self.fields
 
+    @property
+    def routed(self) -> RoutedEvent:
+        """The parsed event of an entry that is neither malformed nor deleted."""
+        assert self.event is not None, "a malformed or deleted entry has no event"
+        return self.event
+
     def route_call(self, group: str) -> ScriptCall:
-        event, keys, settings = self.event, self.event.keys, eventbus_settings
+        event, settings = self.routed, eventbus_settings
+        keys = event.keys
         return ROUTE.call(
             (keys.applied, keys.router_published(event.seq), keys.state, keys.history, self.stream.key),
             (
@@ -104,7 +111,7 @@ class Delivery:
         return self.route_call(group)
 
     def never_applied_reason(self) -> str:
-        return f"predecessor seq {self.event.prev_seq} never applied"
+        return f"predecessor seq {self.routed.prev_seq} never applied"
 
 
 def count_route_results(labels: tuple[str, str], result, n: int = 1, *, retry: bool = False) -> None:

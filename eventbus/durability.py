@@ -6,6 +6,7 @@ word; a server without persistence forgets everything on restart. The processes 
 server's settings and warn loudly, or refuse to start, by EVENTBUS["REDIS_DURABILITY"]:
 "warn" (default), "refuse", or "ignore".
 """
+
 from __future__ import annotations
 
 import logging
@@ -31,15 +32,20 @@ def durability_problems(client) -> list[str]:
         return ["CONFIG GET is not allowed on this server, so its persistence and eviction cannot be checked"]
     problems = []
     if config.get("appendonly") != "yes" and not config.get("save"):
-        problems.append("persistence is off (appendonly no, no save points): a restart loses every "
-                        "dedup key, stream and job state")
+        problems.append(
+            "persistence is off (appendonly no, no save points): a restart loses every "
+            "dedup key, stream and job state"
+        )
     elif config.get("appendonly") != "yes":
-        problems.append("only RDB snapshots persist (appendonly no): a restart loses the writes since "
-                        "the last snapshot")
+        problems.append(
+            "only RDB snapshots persist (appendonly no): a restart loses the writes since the last snapshot"
+        )
     policy = config.get("maxmemory-policy")
     if policy is not None and policy != SAFE_EVICTION:
-        problems.append(f"maxmemory-policy is {policy}: an evicted dedup key lets a duplicate through "
-                        f"silently; set it to {SAFE_EVICTION}")
+        problems.append(
+            f"maxmemory-policy is {policy}: an evicted dedup key lets a duplicate through "
+            f"silently; set it to {SAFE_EVICTION}"
+        )
     return problems
 
 
@@ -49,15 +55,20 @@ def check_durability(client, *, process: str) -> list[str]:
     if mode == "ignore":
         return []
     if mode not in ("warn", "refuse"):
-        raise ImproperlyConfigured(f'EVENTBUS["REDIS_DURABILITY"] is "warn", "refuse" or "ignore", not {mode!r}.')
+        raise ImproperlyConfigured(
+            f'EVENTBUS["REDIS_DURABILITY"] is "warn", "refuse" or "ignore", not {mode!r}.'
+        )
     try:
         problems = durability_problems(client)
     except RedisError as exc:  # unreachable now: the process finds out soon enough, and retries
         logger.warning("%s: could not check Redis durability: %s", process, exc)
         return []
     if problems and mode == "refuse":
-        raise ImproperlyConfigured(f"{process}: Redis is not safe for the event bus: " + "; ".join(problems)
-                                   + ' (EVENTBUS["REDIS_DURABILITY"] is "refuse").')
+        raise ImproperlyConfigured(
+            f"{process}: Redis is not safe for the event bus: "
+            + "; ".join(problems)
+            + ' (EVENTBUS["REDIS_DURABILITY"] is "refuse").'
+        )
     for problem in problems:
         logger.warning("%s: REDIS IS NOT SAFE FOR THE EVENT BUS: %s", process, problem)
     return problems

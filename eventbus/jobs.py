@@ -11,6 +11,7 @@ arrive twice or run again after a crash. The run is made safe to repeat three wa
   eventbus.stages), republishes their events, which L1 drops, and runs the rest, so the stream
   holds each (stage, seq) of the job once and a finished stage's work never runs again.
 """
+
 from __future__ import annotations
 
 import logging

@@ -41,10 +41,12 @@ event); `ctx.report(done=, of=)` moves it within a stage, `progress=` sets it ou
 Register a type with `@register`, in a `jobs` module of an installed app (imported at startup),
 or list its dotted path in EVENTBUS["JOB_TYPES"].
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
@@ -91,7 +93,9 @@ class Stage:
 
     def __post_init__(self):
         if not self.name.isidentifier() or self.name == FINAL_STAGE:
-            raise ImproperlyConfigured(f"Stage name {self.name!r} must be an identifier other than {FINAL_STAGE!r}.")
+            raise ImproperlyConfigured(
+                f"Stage name {self.name!r} must be an identifier other than {FINAL_STAGE!r}."
+            )
         if self.width < 1:
             raise ImproperlyConfigured(f"Stage {self.name!r}: width must be at least 1.")
 
@@ -175,7 +179,9 @@ def validate(job_type: type[JobType]) -> None:
     """Refuse a declaration the toolkit could not run: checked when it is registered."""
     where = f"Job type {job_type.__qualname__}"
     if not isinstance(job_type.name, str) or not job_type.name.isidentifier():
-        raise ImproperlyConfigured(f"{where}: name must be an identifier (it names Redis keys), not {job_type.name!r}.")
+        raise ImproperlyConfigured(
+            f"{where}: name must be an identifier (it names Redis keys), not {job_type.name!r}."
+        )
     if not job_type.stages:
         raise ImproperlyConfigured(f"{where}: declare at least one Stage.")
     names = [stage.name for stage in job_type.stages]
@@ -184,11 +190,15 @@ def validate(job_type: type[JobType]) -> None:
     last_end = 0
     for planned in _plan(job_type):
         if planned.first_seq < max(last_end, 1):
-            raise ImproperlyConfigured(f"{where}: stage {planned.name!r} starts at seq {planned.first_seq}, "
-                                       f"inside the range before it (seqs must rise stage by stage).")
+            raise ImproperlyConfigured(
+                f"{where}: stage {planned.name!r} starts at seq {planned.first_seq}, "
+                f"inside the range before it (seqs must rise stage by stage)."
+            )
         last_end = planned.first_seq + planned.stage.width
         if not callable(getattr(job_type, planned.name, None)):
-            raise ImproperlyConfigured(f"{where}: stage {planned.name!r} needs a method {planned.name}(self, ctx).")
+            raise ImproperlyConfigured(
+                f"{where}: stage {planned.name!r} needs a method {planned.name}(self, ctx)."
+            )
 
 
 _DECORATED: dict[str, type[JobType]] = {}  # by @register

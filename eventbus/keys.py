@@ -4,12 +4,12 @@ keys a script touches share one Redis Cluster slot.
 A domain is a registered job type's name (eventbus.jobtypes), or a name in EVENTBUS["DOMAINS"],
 which also overrides a type's shard count. Seqs come from a job type's declared stages.
 """
+
 from __future__ import annotations
 
 import hashlib
 
 from .conf import eventbus_settings
-
 
 
 class UnknownDomain(ValueError):

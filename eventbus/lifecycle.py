@@ -8,6 +8,7 @@
 Each change is a compare-and-set on the state it leaves, so two runs of one job (a task
 delivered twice) cannot move it backwards or end it twice.
 """
+
 from __future__ import annotations
 
 import logging
@@ -68,8 +69,9 @@ def mark_enqueued(operation: Operation, *, again: bool = False) -> None:
     try:
         Operation.objects.filter(pk=operation.pk, **unsent).update(enqueued_at=now)
     except DatabaseError:
-        logger.warning("Job %s enqueued, but enqueued_at not recorded; the sweep may send it again",
-                       operation.op_id)
+        logger.warning(
+            "Job %s enqueued, but enqueued_at not recorded; the sweep may send it again", operation.op_id
+        )
     operation.enqueued_at = now
 
 

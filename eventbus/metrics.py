@@ -6,6 +6,7 @@ reclaims). With PROMETHEUS_MULTIPROC_DIR set before prometheus_client is first i
 `make run` sets it for every process, each process writes its values to files there and /metrics
 adds them up.
 """
+
 import atexit
 import os
 

@@ -18,7 +18,9 @@ class StageRecord(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["operation", "stage"], name="stage_record_operation_stage")]
+        constraints = [
+            models.UniqueConstraint(fields=["operation", "stage"], name="stage_record_operation_stage")
+        ]
 
     def __str__(self):
         return f"{self.operation_id} {self.stage} ({'finished' if self.finished_at else 'in flight'})"

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from typing import Any, Iterable, Mapping, NamedTuple
+from collections.abc import Iterable, Mapping
+from typing import Any, NamedTuple
 
 from redis.exceptions import ResponseError
 

@@ -11,16 +11,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from redis.exceptions import ConnectionError, RedisError, ResponseError, TimeoutError
 
 from . import metrics
 from .conf import eventbus_settings
+from .delivery import DEFERRED, Delivery, Stream, count_route_results
 from .keys import domains as all_domains
 from .keys import shard_count, stream_key
 from .redis import make_async_redis
-from .delivery import DEFERRED, Delivery, Stream, count_route_results
 from .scripts import arun_pipelined
 from .worker import LoopWorker
 
@@ -88,7 +89,7 @@ class Reclaimer(LoopWorker):
         self.interval = settings.RECLAIM_INTERVAL if interval is None else interval
         self.pause = self.interval
         self.client_factory = client_factory
-        self.client = None
+        self.client: Any = None  # the pass's redis.asyncio client
 
     # The loop (eventbus.worker): one unit is a pass over every stream --------------------------
 

@@ -11,6 +11,7 @@ A job that waits in a long queue also shows no sign of life: it gets a second me
 is harmless (the second run finds the job finished, or its lease held) but wasted, so keep
 RECOVER_AFTER above your queue's usual wait.
 """
+
 from __future__ import annotations
 
 import logging
@@ -34,8 +35,9 @@ def stranded(*, quiet_since, limit: int):
     from idempotency.models import Operation
 
     return (
-        Operation.objects.filter(state__in=(lifecycle.State.PENDING, lifecycle.State.RUNNING),
-                                 enqueued_at__isnull=False)
+        Operation.objects.filter(
+            state__in=(lifecycle.State.PENDING, lifecycle.State.RUNNING), enqueued_at__isnull=False
+        )
         .annotate(started=Max("stage_records__started_at"), finished=Max("stage_records__finished_at"))
         .filter(enqueued_at__lte=quiet_since)
         .filter(Q(started__isnull=True) | Q(started__lte=quiet_since))
@@ -60,8 +62,12 @@ def recover_stranded(*, limit: int = 1000) -> int:
         except RedisError:
             logger.warning("Recovery: Redis unreachable; trying again next pass", exc_info=True)
             break
-        logger.warning("Job %s (%s) shows no sign of life since %s: enqueued again", operation.op_id,
-                       operation.state, quiet_since.isoformat())
+        logger.warning(
+            "Job %s (%s) shows no sign of life since %s: enqueued again",
+            operation.op_id,
+            operation.state,
+            quiet_since.isoformat(),
+        )
         if not enqueue(operation, again=True):
             break  # the broker is down: the next pass tries again
         recovered += 1

@@ -71,7 +71,9 @@ def make_async_read_client(*, max_connections: int):
         return make_async_redis()
     import redis.asyncio
 
-    pool = redis.asyncio.BlockingConnectionPool.from_url(redis_url(), max_connections=max_connections, timeout=None)
+    pool = redis.asyncio.BlockingConnectionPool.from_url(
+        redis_url(), max_connections=max_connections, timeout=None
+    )
     return redis.asyncio.Redis(connection_pool=pool)
 
 

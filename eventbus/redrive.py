@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .conf import eventbus_settings
+from .delivery import streams_for
 from .entries import MalformedEntry, original_fields, parse_entry
 from .redis import get_redis
-from .delivery import streams_for
 from .scripts import REDRIVE, run_pipelined
 
 PAGE = 1000
@@ -41,7 +41,8 @@ class DeadLetter:
 
 
 def read_dead_letters(client, dead_key: str) -> list[tuple[str, dict]]:
-    letters, start = [], "-"
+    letters: list[tuple[str, dict]] = []
+    start = "-"
     while True:
         page = client.xrange(dead_key, start, "+", count=PAGE)
         letters.extend((entry_id.decode(), fields) for entry_id, fields in page)

@@ -16,14 +16,14 @@ import os
 import socket
 import time
 from collections import Counter
-from typing import Iterable
+from collections.abc import Iterable
 
 from redis.exceptions import ResponseError
 
 from . import metrics
 from .conf import eventbus_settings
-from .redis import get_redis, is_cluster
 from .delivery import APPLIED, DEFERRED, Delivery, Stream, count_route_results, streams_for
+from .redis import get_redis, is_cluster
 from .scripts import run_pipelined
 from .worker import LoopWorker
 
@@ -76,7 +76,9 @@ class Router(LoopWorker):
         try:
             return super().run()
         finally:
-            log.info("router %s: stopped; %d deferred entries left pending", self.consumer, len(self.deferred))
+            log.info(
+                "router %s: stopped; %d deferred entries left pending", self.consumer, len(self.deferred)
+            )
 
     def setup(self) -> None:
         # After a failure too: Redis may have lost the groups, and entries in flight are
@@ -136,9 +138,14 @@ class Router(LoopWorker):
             if "BUSYGROUP" in str(exc):
                 return True
             if "WRONGTYPE" in str(exc):
-                log.error("router %s: the key %s holds a %s, not a stream: set aside, tried again every "
-                          "%ss (the other streams are served)", self.consumer, stream.key,
-                          self._type_of(stream.key), SET_ASIDE_SECONDS)
+                log.error(
+                    "router %s: the key %s holds a %s, not a stream: set aside, tried again every "
+                    "%ss (the other streams are served)",
+                    self.consumer,
+                    stream.key,
+                    self._type_of(stream.key),
+                    SET_ASIDE_SECONDS,
+                )
                 return False
             raise
         return True
@@ -227,7 +234,7 @@ class Router(LoopWorker):
             else:
                 self.deferred.pop(key, None)
                 if result == APPLIED:
-                    applied.add(delivery.event.keys.applied)
+                    applied.add(delivery.routed.keys.applied)
         for (labels, result), n in counts.items():
             count_route_results(labels, result, n, retry=retry)
         return applied
@@ -238,10 +245,10 @@ class Router(LoopWorker):
         self._forget_old_deferred()
         progressed: set[str] = set()
         while True:
-            candidates = [d for d in self.deferred.values() if jobs is None or d.event.keys.applied in jobs]
+            candidates = [d for d in self.deferred.values() if jobs is None or d.routed.keys.applied in jobs]
             if not candidates:
                 return progressed
-            jobs = self.settle(sorted(candidates, key=lambda d: d.event.seq), retry=True)
+            jobs = self.settle(sorted(candidates, key=lambda d: d.routed.seq), retry=True)
             if not jobs:
                 return progressed
             progressed |= jobs

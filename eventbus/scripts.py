@@ -11,8 +11,8 @@ nothing and answers "CORRUPT <key> ...": that reply comes back as CorruptKey, na
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from importlib import resources
-from typing import Sequence
 
 import redis
 from redis.exceptions import NoScriptError, ResponseError
@@ -20,7 +20,7 @@ from redis.exceptions import NoScriptError, ResponseError
 try:
     from hiredis import pack_command
 except ImportError:  # pragma: no cover - redis[hiredis] is a requirement
-    pack_command = None
+    pack_command = None  # type: ignore[assignment]  # redis-py packs the commands itself
 
 
 class CorruptKey(ResponseError):
@@ -43,7 +43,7 @@ class LuaScript:
     def __repr__(self):
         return f"<LuaScript {self.name} {self.sha[:8]}>"
 
-    def call(self, keys: Sequence, args: Sequence) -> "ScriptCall":
+    def call(self, keys: Sequence, args: Sequence) -> ScriptCall:
         return ScriptCall(self, keys, args)
 
 

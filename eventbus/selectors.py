@@ -1,4 +1,5 @@
 """Reads of the bus's per-job data (HackSoft-style selectors: no writes here)."""
+
 from __future__ import annotations
 
 import json

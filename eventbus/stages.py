@@ -7,18 +7,19 @@ restores if Redis lost them, reuses its result, and runs only the stages not fin
 one in flight runs again, and its events that reached the stream before are dropped as
 duplicates. `StageContext.key` is stable across runs, for outside APIs' idempotency keys.
 """
+
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from django.db.models import F
 from django.utils import timezone
 
 from .jobtypes import FINAL_STAGE, JobType, PlannedStage
-from .keys import JobKeys
 from .models import StageRecord
 from .publish import publish_event
 
@@ -49,13 +50,18 @@ class StageContext:
         """`<job id>:<stage>`: the same on every run of this stage of this job."""
         return f"{self.job_id}:{self.stage}"
 
-    def report(self, *, done: float | None = None, of: float | None = None, progress: int | None = None,
-               **data) -> None:
+    def report(
+        self, *, done: float | None = None, of: float | None = None, progress: int | None = None, **data
+    ) -> None:
         """Publish a progress event of this stage now. `done`/`of` place it within the stage
         (the stage's share of the job's progress), `progress` sets the job's percentage
         outright; other keywords are the event's data (JSON)."""
         if progress is None:
-            progress = self._planned.progress(done, of) if done is not None else self._planned.progress(0, 1)
+            progress = (
+                self._planned.progress(done, 1 if of is None else of)
+                if done is not None
+                else self._planned.progress(0, 1)
+            )
         event = {"label": self._planned.label, "progress": int(progress), **data}
         seq = self._planned.seq(len(self.events))
         self._emit(self.stage, seq, event)
@@ -67,7 +73,9 @@ def run_stages(operation, job: JobType, *, after_event: Callable[[], None]) -> d
     after every event published (it renews the run lease and checks the deadline, raising to
     stop the run)."""
     job_id, domain = str(operation.op_id), operation.domain
-    finished = {r.stage: r for r in StageRecord.objects.filter(operation=operation, finished_at__isnull=False)}
+    finished = {
+        r.stage: r for r in StageRecord.objects.filter(operation=operation, finished_at__isnull=False)
+    }
     results: dict[str, Any] = {}
 
     def emit(stage: str, seq: int, data: dict) -> None:
@@ -84,7 +92,9 @@ def run_stages(operation, job: JobType, *, after_event: Callable[[], None]) -> d
             continue
         attempt = _start(operation, planned.name)
         logger.info("Job %s: stage %s, attempt %d", job_id, planned.name, attempt)
-        ctx = StageContext(job_id, domain, operation.payload, planned.name, attempt, dict(results), planned, emit)
+        ctx = StageContext(
+            job_id, domain, operation.payload, planned.name, attempt, dict(results), planned, emit
+        )
         result = run_stage(job, ctx)
         _finish(operation, planned.name, result, ctx.events)
         results[planned.name] = result
@@ -104,8 +114,13 @@ def final_event_data(job: type[JobType] | JobType, state: str, **data) -> dict:
 
 
 def publish_final(operation, job: type[JobType] | JobType, state: str, **data) -> bool:
-    return publish_event(operation.domain, str(operation.op_id), FINAL_STAGE, job.final_seq(),
-                         final_event_data(job, state, **data))
+    return publish_event(
+        operation.domain,
+        str(operation.op_id),
+        FINAL_STAGE,
+        job.final_seq(),
+        final_event_data(job, state, **data),
+    )
 
 
 def _start(operation, stage: str) -> int:
@@ -118,7 +133,9 @@ def _finish(operation, stage: str, result, events: list) -> None:
     try:
         json.dumps(result, allow_nan=False)
     except (TypeError, ValueError) as exc:
-        raise TypeError(f"Stage {stage!r} must return JSON-serialisable data (it is recorded): {exc}") from exc
+        raise TypeError(
+            f"Stage {stage!r} must return JSON-serialisable data (it is recorded): {exc}"
+        ) from exc
     StageRecord.objects.filter(operation=operation, stage=stage, finished_at__isnull=True).update(
         result=result, events=events, finished_at=timezone.now()
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import signal
-from typing import Callable
+from collections.abc import Callable
 
 log = logging.getLogger("eventbus")
 
@@ -20,7 +20,7 @@ class GracefulStop:
         self.requested = False
         self._previous: dict = {}
 
-    def __enter__(self) -> "GracefulStop":
+    def __enter__(self) -> GracefulStop:
         for signum in SIGNALS:
             self._previous[signum] = signal.signal(signum, self._handle)
         return self

@@ -6,6 +6,7 @@ operation is never lost, even if the broker was down when it was accepted, or th
 crashed between the commit and the enqueue. Each pass also enqueues again the jobs whose run
 was lost (eventbus.recovery).
 """
+
 from __future__ import annotations
 
 import logging

@@ -1,5 +1,6 @@
 """The event bus's Celery side: `enqueue` sends a job's run_job task; the task is thin and
 calls eventbus.jobs."""
+
 import logging
 
 from celery import shared_task
@@ -27,11 +28,11 @@ def run_job(self, job_id: str, failures: int = 0) -> str:
     try:
         return jobs.run(job_id, fail_on_transient=final_attempt)
     except jobs.JobBusy as busy:
-        raise self.retry(countdown=busy.retry_in)
+        raise self.retry(countdown=busy.retry_in) from busy
     except jobs.TRANSIENT_ERRORS as exc:
         if final_attempt:
             raise
-        raise self.retry(exc=exc, countdown=min(2**failures, 30), kwargs={"failures": failures + 1})
+        raise self.retry(exc=exc, countdown=min(2**failures, 30), kwargs={"failures": failures + 1}) from exc
 
 
 def enqueue(operation, *, again: bool = False) -> bool:

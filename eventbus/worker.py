@@ -10,6 +10,7 @@ the sweeper implement only their unit of work; the loop around it is this one.
   the workers whose unit is a whole pass (`one_pass_burst`). A burst run gives up with the
   error after `burst_failures` failed units in a row, rather than retrying forever.
 """
+
 from __future__ import annotations
 
 import logging

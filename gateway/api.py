@@ -1,12 +1,13 @@
 """The jobs API: POST /api/jobs/ (Idempotency-Key required), GET /api/jobs/<job_id>/."""
+
 from rest_framework import status
 from rest_framework.exceptions import NotFound
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from eventbus.tasks import enqueue
 from eventbus.selectors import latest_event
+from eventbus.tasks import enqueue
 from idempotency.decorators import idempotency_key
 from idempotency.exceptions import IdempotencyKeyMismatch
 from idempotency.problems import problem_from_error

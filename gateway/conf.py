@@ -1,4 +1,5 @@
 """GATEWAY settings, read through one accessor (see idempotency.conf.AppSettings)."""
+
 from idempotency.conf import AppSettings
 
 DEFAULTS = {

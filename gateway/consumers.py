@@ -13,6 +13,7 @@ the job left, or no final event of it, the client gets the outcome as a reset fr
 Close codes: 4400 bad parameters, 4401 not logged in, 4404 no such job or not yours (one code
 for both, as the HTTP API's 404: a stranger learns nothing), 4008 client too slow.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -32,7 +33,7 @@ from idempotency.models import Operation
 try:  # daphne's WebSocket stack: sending to a client whose connection just dropped
     from autobahn.exception import Disconnected as ClientGone
 except ImportError:  # another ASGI server
-    ClientGone = ()
+    ClientGone = ()  # type: ignore[assignment,misc]  # catching () catches nothing
 
 from .conf import gateway_settings
 from .hub import get_hub
@@ -44,8 +45,9 @@ BAD_REQUEST, NOT_LOGGED_IN, NOT_FOUND, TOO_SLOW = 4400, 4401, 4404, 4008
 MAX_SEQ = 2**53
 _RESYNC = object()  # queue item: backfill from the history
 # The job's outcome is known (its final event carries it too, if it was published).
-ENDED = frozenset({Operation.State.COMPLETED.value, Operation.State.FAILED.value,
-                   Operation.State.TIMED_OUT.value})
+ENDED = frozenset(
+    {Operation.State.COMPLETED.value, Operation.State.FAILED.value, Operation.State.TIMED_OUT.value}
+)
 
 
 class RefuseConnection(Exception):
@@ -162,9 +164,11 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
     async def _close_slow(self) -> None:
         if self.pump:
             self.pump.cancel()
-        await self.send(text_data=json.dumps(
-            {"type": "error", "code": TOO_SLOW, "detail": "Too slow: reconnect with last_seq to resume."}
-        ))
+        await self.send(
+            text_data=json.dumps(
+                {"type": "error", "code": TOO_SLOW, "detail": "Too slow: reconnect with last_seq to resume."}
+            )
+        )
         await self.close(TOO_SLOW)
 
     async def _pump(self) -> None:
@@ -189,8 +193,9 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
             # failed, and there is no socket left to close.
             logger.info("job socket %s: the client left mid-send", self.job_id)
         except Exception:
-            logger.exception("job socket %s failed; closing 1011 (the client resumes with last_seq)",
-                             self.job_id)
+            logger.exception(
+                "job socket %s failed; closing 1011 (the client resumes with last_seq)", self.job_id
+            )
             await self.close(1011)
 
     async def _backfill_when_redis_answers(self) -> None:
@@ -200,8 +205,9 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
             try:
                 return await self._backfill()
             except (RedisConnectionError, RedisTimeoutError) as exc:
-                logger.warning("job socket %s: history unreadable (%s); retrying in %.2f s",
-                               self.job_id, exc, delay)
+                logger.warning(
+                    "job socket %s: history unreadable (%s); retrying in %.2f s", self.job_id, exc, delay
+                )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
@@ -210,7 +216,9 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
         self.last_sent = seq
 
     async def _backfill(self) -> None:
-        backfill = await read_backfill(self.hub.redis, self.operation.domain, self.job_id, after=self.last_sent)
+        backfill = await read_backfill(
+            self.hub.redis, self.operation.domain, self.job_id, after=self.last_sent
+        )
         entries, applied, latest = backfill.entries, backfill.applied, backfill.latest
         if not entries or entries[0][1].get("prev_seq", 0) > self.last_sent:
             # The history does not reach back to what the client has. Either the router has
@@ -247,8 +255,7 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
         try:
             state = await job_state(self.operation.pk)
         except Exception:
-            logger.warning("job socket %s: could not read the job's state", self.job_id,
-                           exc_info=True)
+            logger.warning("job socket %s: could not read the job's state", self.job_id, exc_info=True)
             self.state_stale = True  # the next resync tries again
             return
         if state in ENDED:
@@ -265,6 +272,12 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
             lambda: type(self.operation).objects.only("state", "domain").get(pk=self.operation.pk)
         )()
         self.operation.state = operation.state
-        await self._reset({"job_id": str(operation.pk), "domain": operation.domain, "state": operation.state,
-                           "seq": self.last_sent})
+        await self._reset(
+            {
+                "job_id": str(operation.pk),
+                "domain": operation.domain,
+                "state": operation.state,
+                "seq": self.last_sent,
+            }
+        )
         self.outcome_sent = operation.state in ENDED

@@ -6,6 +6,7 @@ in sockets: one for pub/sub, at most GATEWAY['READ_CONNECTIONS'] for history rea
 messages published meanwhile are lost on pub/sub, so the hub then asks every listener to
 resync (backfill from the job's history), and nothing is lost.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -33,7 +34,7 @@ class Listener(Protocol):
 class _TrackedPubSub(PubSub):
     """A PubSub that tells its hub about every (re)connection."""
 
-    hub: "Hub"
+    hub: Hub
 
     async def on_connect(self, connection):
         await super().on_connect(connection)
@@ -138,7 +139,7 @@ class Hub:
         await self._redis.aclose()
 
 
-_hubs: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Hub]" = weakref.WeakKeyDictionary()
+_hubs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Hub] = weakref.WeakKeyDictionary()
 
 
 def get_hub() -> Hub:

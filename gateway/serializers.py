@@ -1,4 +1,5 @@
 """The jobs API's request: a registered job type and the payload its type accepts."""
+
 from rest_framework import serializers
 
 from eventbus.jobtypes import InvalidPayload, UnknownJobType, job_type, registry
@@ -12,7 +13,9 @@ class JobRequestSerializer(serializers.Serializer):
         try:
             job_type(value)
         except UnknownJobType:
-            raise serializers.ValidationError(f"Not a job type: choose one of {sorted(registry())}.") from None
+            raise serializers.ValidationError(
+                f"Not a job type: choose one of {sorted(registry())}."
+            ) from None
         return value
 
     def validate(self, attrs):

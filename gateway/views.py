@@ -1,4 +1,5 @@
 """The page, and the favicon every browser asks for at /favicon.ico."""
+
 from pathlib import Path
 
 from django.contrib.auth.decorators import login_required

@@ -15,7 +15,9 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):
     search_fields = ("key", "scope", "path", "fingerprint")
     date_hierarchy = "created_at"
     actions = ("expire_now", "evict")
-    readonly_fields = [f.name for f in IdempotencyRecord._meta.fields if f.name != "response_body"] + ["stored_response"]
+    readonly_fields = [f.name for f in IdempotencyRecord._meta.fields if f.name != "response_body"] + [
+        "stored_response"
+    ]
     exclude = ("response_body",)
 
     def has_add_permission(self, request):
@@ -53,7 +55,16 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):
 
 @admin.register(Operation)
 class OperationAdmin(admin.ModelAdmin):
-    list_display = ("op_id", "domain", "event_type", "state", "owner", "idem_key", "accepted_at", "completed_at")
+    list_display = (
+        "op_id",
+        "domain",
+        "event_type",
+        "state",
+        "owner",
+        "idem_key",
+        "accepted_at",
+        "completed_at",
+    )
     list_filter = ("state", "domain", "event_type", "accepted_at")
     search_fields = ("op_id", "idem_key", "biz_key", "scope", "owner__username")
     date_hierarchy = "accepted_at"

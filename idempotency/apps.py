@@ -6,7 +6,9 @@ class IdempotencyConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
-        from . import checks  # noqa: F401  (registers the system checks)
-        from . import signals
+        from . import (
+            checks,  # noqa: F401  (registers the system checks)
+            signals,
+        )
 
         signals.connect()

@@ -1,5 +1,6 @@
 """System checks: the middleware must run after the middleware it depends on, and the
 IDEMPOTENCY settings must be valid."""
+
 from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
@@ -25,19 +26,23 @@ def check_middleware_order(app_configs=None, **kwargs):
     errors = []
     for path in MUST_COME_BEFORE:
         if path in middleware and middleware.index(path) > position:
-            errors.append(Error(
-                f"{MIDDLEWARE_PATH} must come after {path} in MIDDLEWARE.",
-                hint="Put the idempotency middleware last: it calls the view itself, after authentication "
-                "and CSRF checks; middleware after it would be skipped for keyed requests.",
-                id="idempotency.E001",
-            ))
+            errors.append(
+                Error(
+                    f"{MIDDLEWARE_PATH} must come after {path} in MIDDLEWARE.",
+                    hint="Put the idempotency middleware last: it calls the view itself, after authentication "
+                    "and CSRF checks; middleware after it would be skipped for keyed requests.",
+                    id="idempotency.E001",
+                )
+            )
     if position != len(middleware) - 1:
-        errors.append(Error(
-            f"{MIDDLEWARE_PATH} must be the last entry of MIDDLEWARE.",
-            hint="It calls the view itself for keyed requests, so the process_view of middleware after "
-            "it would not run.",
-            id="idempotency.E002",
-        ))
+        errors.append(
+            Error(
+                f"{MIDDLEWARE_PATH} must be the last entry of MIDDLEWARE.",
+                hint="It calls the view itself for keyed requests, so the process_view of middleware after "
+                "it would not run.",
+                id="idempotency.E002",
+            )
+        )
     return errors
 
 
@@ -47,18 +52,22 @@ def check_settings(app_configs=None, **kwargs):
         policy = idempotency_settings.DEFAULT_POLICY
         methods = idempotency_settings.METHODS
         numbers = {name: getattr(idempotency_settings, name) for name in ("TTL", "LEASE_SECONDS")}
-        idempotency_settings.STORE
-        idempotency_settings.SCOPE_RESOLVER
+        # Imported now, so that a bad dotted path is this check's error.
+        _ = idempotency_settings.STORE, idempotency_settings.SCOPE_RESOLVER
     except ImproperlyConfigured as exc:
         return [Error(str(exc), id="idempotency.E003")]
     errors = []
     if policy not in MODES:
         errors.append(Error(f"IDEMPOTENCY['DEFAULT_POLICY'] must be one of {MODES}.", id="idempotency.E004"))
     if any(m != m.upper() or m in ("GET", "HEAD", "OPTIONS") for m in methods):
-        errors.append(Error("IDEMPOTENCY['METHODS'] lists upper-case unsafe methods only.", id="idempotency.E005"))
+        errors.append(
+            Error("IDEMPOTENCY['METHODS'] lists upper-case unsafe methods only.", id="idempotency.E005")
+        )
     for name, value in numbers.items():
         if not isinstance(value, int) or value <= 0:
-            errors.append(Error(f"IDEMPOTENCY[{name!r}] must be a positive number of seconds.", id="idempotency.E006"))
+            errors.append(
+                Error(f"IDEMPOTENCY[{name!r}] must be a positive number of seconds.", id="idempotency.E006")
+            )
     errors.extend(_check_cache_alias())
     return errors
 
@@ -68,21 +77,25 @@ def _check_cache_alias():
 
     store, alias = idempotency_settings.STORE, idempotency_settings.CACHE_ALIAS
     if isinstance(store, type) and issubclass(store, CachedStore) and alias not in settings.CACHES:
-        return [Error(
-            f"IDEMPOTENCY['CACHE_ALIAS'] is {alias!r}, which is not in CACHES ({sorted(settings.CACHES)}).",
-            hint="Name a configured cache, or use idempotency.stores.db.DatabaseStore.",
-            id="idempotency.E007",
-        )]
+        return [
+            Error(
+                f"IDEMPOTENCY['CACHE_ALIAS'] is {alias!r}, which is not in CACHES ({sorted(settings.CACHES)}).",
+                hint="Name a configured cache, or use idempotency.stores.db.DatabaseStore.",
+                id="idempotency.E007",
+            )
+        ]
     return []
 
 
 @register(Tags.urls)
 def check_problem_documentation(app_configs=None, **kwargs):
     if documentation_url("urn:problem:idempotency-key-missing") is None:
-        return [Warning(
-            "The idempotency problem types have no documentation URL: problem responses go out without "
-            'a Link: rel="describedby" header.',
-            hint='Add path("idempotency/", include("idempotency.urls")) to the project\'s URLs.',
-            id="idempotency.W001",
-        )]
+        return [
+            Warning(
+                "The idempotency problem types have no documentation URL: problem responses go out without "
+                'a Link: rel="describedby" header.',
+                hint='Add path("idempotency/", include("idempotency.urls")) to the project\'s URLs.',
+                id="idempotency.W001",
+            )
+        ]
     return []

@@ -7,6 +7,7 @@ Defaults fill what the project leaves out, dotted paths in IMPORT_STRINGS are im
 unknown keys are refused, and `override_settings` takes effect (the cache is dropped on
 `setting_changed`).
 """
+
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
@@ -41,7 +42,9 @@ class AppSettings:
             try:
                 value = import_string(value)
             except ImportError as exc:
-                raise ImproperlyConfigured(f"{self.setting_name}[{attr!r}]: cannot import {value!r}: {exc}")
+                raise ImproperlyConfigured(
+                    f"{self.setting_name}[{attr!r}]: cannot import {value!r}: {exc}"
+                ) from exc
         self._cached.add(attr)
         setattr(self, attr, value)
         return value

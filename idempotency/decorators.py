@@ -1,4 +1,5 @@
 """Decorators: `idempotency_key` marks views, `idempotent` wraps service functions."""
+
 from __future__ import annotations
 
 import functools
@@ -43,8 +44,9 @@ def idempotency_key(mode: str = REQUIRED, **options):
     return mark
 
 
-def idempotent(*, operation: str, key="idempotency_key", scope=None, lease_seconds=None, ttl_seconds=None,
-               atomic=True):
+def idempotent(
+    *, operation: str, key="idempotency_key", scope=None, lease_seconds=None, ttl_seconds=None, atomic=True
+):
     """Run a service function once per key; a call again with the same key and arguments
     returns the first call's result (which must be JSON-serialisable) without running it.
 
@@ -65,13 +67,17 @@ def idempotent(*, operation: str, key="idempotency_key", scope=None, lease_secon
                 idem_key, fingerprint_kwargs = key(*args, **kwargs), kwargs
             else:
                 if key not in kwargs:
-                    raise TypeError(f"{func.__qualname__}() needs the keyword argument {key!r} (the idempotency key)")
+                    raise TypeError(
+                        f"{func.__qualname__}() needs the keyword argument {key!r} (the idempotency key)"
+                    )
                 idem_key = kwargs[key]
                 fingerprint_kwargs = {k: v for k, v in kwargs.items() if k != key}
             idem_key = call_key(idem_key, func)
             call_scope = f"fn:{operation}"
             if scope:
-                call_scope += ":" + checked_scope(scope(*args, **kwargs), f"The scope of {func.__qualname__}()")
+                call_scope += ":" + checked_scope(
+                    scope(*args, **kwargs), f"The scope of {func.__qualname__}()"
+                )
 
             store = idempotency_settings.STORE()
             acquisition = store.acquire(
@@ -88,7 +94,9 @@ def idempotent(*, operation: str, key="idempotency_key", scope=None, lease_secon
             if acquisition.outcome is Outcome.IN_FLIGHT:
                 raise IdempotencyInProgress(retry_after=acquisition.retry_after)
             if acquisition.outcome is Outcome.MISMATCH:
-                raise IdempotencyKeyMismatch(f"Key {idem_key} of {operation!r} was used with other arguments.")
+                raise IdempotencyKeyMismatch(
+                    f"Key {idem_key} of {operation!r} was used with other arguments."
+                )
             lease_for = lease_seconds or idempotency_settings.LEASE_SECONDS
             return run_leased(
                 store,

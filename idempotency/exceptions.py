@@ -61,10 +61,16 @@ class LeaseLost(IdempotencyError):
     status = 409
     title = "The Idempotency-Key was taken over by a retry"
     type = "urn:problem:idempotency-lease-lost"
-    remedy = 'Retry with the same key: you will get the answer of the request that took the key over.'
+    remedy = "Retry with the same key: you will get the answer of the request that took the key over."
 
 
 def documented_errors() -> dict[str, type[IdempotencyError]]:
     """The problem types of this app by their slug (`urn:problem:<slug>`), for their pages."""
-    errors = [IdempotencyKeyMissing, IdempotencyKeyInvalid, IdempotencyKeyMismatch, IdempotencyInProgress, LeaseLost]
+    errors: list[type[IdempotencyError]] = [
+        IdempotencyKeyMissing,
+        IdempotencyKeyInvalid,
+        IdempotencyKeyMismatch,
+        IdempotencyInProgress,
+        LeaseLost,
+    ]
     return {error.type.rpartition(":")[2]: error for error in errors}

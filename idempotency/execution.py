@@ -6,13 +6,14 @@ a crash or rollback leaves either the work's effects with a COMPLETED record, or
 (a PENDING lease a retry takes over once it expires). Never a completed record without the
 effects, and never effects that a retry would repeat.
 """
+
 from __future__ import annotations
 
 import enum
 import logging
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Callable
 
 from django.db import connections, router, transaction
 
@@ -39,7 +40,7 @@ class IdempotencyContext:
 def transaction_aliases(view_func, *, atomic: bool) -> list[str]:
     """The databases the work runs in a transaction on: those with ATOMIC_REQUESTS (as
     Django's handler would wrap the view), plus the store's when `atomic` is asked for."""
-    non_atomic = getattr(view_func, "_non_atomic_requests", set())
+    non_atomic: set[str] = getattr(view_func, "_non_atomic_requests", set())
     aliases = [a for a, s in connections.settings.items() if s.get("ATOMIC_REQUESTS") and a not in non_atomic]
     if atomic:
         record_alias = router.db_for_write(IdempotencyRecord)
@@ -99,19 +100,24 @@ def _complete(store: BaseStore, lease: Lease, answer: StoredResponse, *, in_tran
     if in_transaction:
         # A failure raises and rolls the work back with the answer: a retry is safe.
         if not store.complete(lease, answer):
-            raise LeaseLost("This request outlived its lease and a retry took the key over; "
-                            "its effects were rolled back.")
+            raise LeaseLost(
+                "This request outlived its lease and a retry took the key over; its effects were rolled back."
+            )
         return True
     # Outside a transaction the effects stand: the client gets its answer even when it cannot be
     # stored, rather than an error that invites a retry into a second execution.
     try:
         if store.complete(lease, answer):
             return True
-        logger.warning("idempotency lease of %s %s lost to a retry; this answer is not stored",
-                       lease.scope, lease.key)
+        logger.warning(
+            "idempotency lease of %s %s lost to a retry; this answer is not stored", lease.scope, lease.key
+        )
     except Exception:
-        logger.exception("idempotency answer of %s %s could not be stored; the client gets it unstored",
-                         lease.scope, lease.key)
+        logger.exception(
+            "idempotency answer of %s %s could not be stored; the client gets it unstored",
+            lease.scope,
+            lease.key,
+        )
     return False
 
 
@@ -121,5 +127,6 @@ def _settle(end: Callable[[Lease], bool], lease: Lease) -> None:
     try:
         end(lease)
     except Exception:
-        logger.exception("idempotency lease of %s %s could not be settled; it expires by itself",
-                         lease.scope, lease.key)
+        logger.exception(
+            "idempotency lease of %s %s could not be settled; it expires by itself", lease.scope, lease.key
+        )

@@ -12,13 +12,14 @@ Canonical forms, so that a retry that means the same matches: JSON bodies held i
 re-serialised with sorted keys; a multipart body's random boundary is replaced by a constant
 (a client resending a form builds a new one). Other bodies count by their raw bytes.
 """
+
 from __future__ import annotations
 
 import hashlib
 import json
 import re
 import tempfile
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from urllib.parse import parse_qsl, urlencode
 
 from django.conf import settings
@@ -108,7 +109,7 @@ def _hash_stream(request, digest, content_type: str) -> None:
     seekable = hasattr(stream, "seekable") and stream.seekable()
     # ASGI spooled the body already: rewind it after. WSGI's is one pass: keep a spooled copy.
     start = stream.tell() if seekable else 0
-    copy = None if seekable else tempfile.SpooledTemporaryFile(max_size=_memory_limit())
+    copy = None if seekable else tempfile.SpooledTemporaryFile(max_size=_memory_limit())  # noqa: SIM115 (it becomes the request's stream)
 
     def chunks():
         while chunk := stream.read(CHUNK):

@@ -9,6 +9,7 @@ Renewal is a compare-and-set on the lease token in its own database connection. 
 never waits for it: a renewal that lands after the request completed or released its key
 finds no PENDING record with its token and changes nothing.
 """
+
 from __future__ import annotations
 
 import logging
@@ -51,7 +52,9 @@ class LeaseKeeper:
         with self._changed:
             self._held[lease.token] = _Held(store, lease, seconds, self.clock() + seconds / 3)
             if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="idempotency-lease-keeper", daemon=True)
+                self._thread = threading.Thread(
+                    target=self._run, name="idempotency-lease-keeper", daemon=True
+                )
                 self._thread.start()
             self._changed.notify()
         try:
@@ -95,7 +98,9 @@ class LeaseKeeper:
             return held.store.renew(held.lease, held.seconds)
         except Exception:
             # The database is away: keep trying; the lease is only lost if it stays away.
-            logger.warning("idempotency lease of %s %s not renewed", held.lease.scope, held.lease.key, exc_info=True)
+            logger.warning(
+                "idempotency lease of %s %s not renewed", held.lease.scope, held.lease.key, exc_info=True
+            )
             connections.close_all()
             return True
 

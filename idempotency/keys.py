@@ -1,4 +1,5 @@
 """The Idempotency-Key value object and helpers that make keys."""
+
 from __future__ import annotations
 
 import hashlib
@@ -49,7 +50,7 @@ def _sf_string_item(raw: str) -> str:
         i += 1
     else:
         raise InvalidKey("A quoted key must end with a double quote.")
-    parameters = raw[i + 1:]
+    parameters = raw[i + 1 :]
     if not _PARAMETERS.fullmatch(parameters):
         raise InvalidKey(
             f"After a quoted key only RFC 8941 parameters (;name=value) may follow, not {parameters!r}."
@@ -70,7 +71,7 @@ class IdemKey:
         return self.value
 
     @classmethod
-    def parse(cls, header_value: str) -> "IdemKey":
+    def parse(cls, header_value: str) -> IdemKey:
         """A header value: a bare token, or an RFC 8941 Item whose String is the key (its
         parameters, as in `"order-1";origin=app`, are ignored)."""
         raw = header_value.strip(" \t")
@@ -79,18 +80,18 @@ class IdemKey:
         return cls(raw)
 
     @classmethod
-    def from_uuid(cls, value: uuid.UUID | None = None) -> "IdemKey":
+    def from_uuid(cls, value: uuid.UUID | None = None) -> IdemKey:
         return cls(str(value or uuid.uuid4()))
 
     @classmethod
-    def from_fields(cls, *fields: object, separator: str = ":") -> "IdemKey":
+    def from_fields(cls, *fields: object, separator: str = ":") -> IdemKey:
         """Business fields joined in order, e.g. ("invoice", 42, "pay") -> "invoice:42:pay"."""
         if not fields:
             raise InvalidKey("from_fields needs at least one field.")
         return cls(separator.join(str(f) for f in fields))
 
     @classmethod
-    def from_hash(cls, *fields: object) -> "IdemKey":
+    def from_hash(cls, *fields: object) -> IdemKey:
         """SHA-256 of composite fields (canonical JSON), for fields too long or not ASCII."""
         canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), default=str, ensure_ascii=False)
         return cls(hashlib.sha256(canonical.encode()).hexdigest())

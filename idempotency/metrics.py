@@ -2,6 +2,7 @@
 processes in prometheus-client's multiprocess mode (PROMETHEUS_MULTIPROC_DIR set before
 prometheus_client is imported, as `make run` does): every web process counts its own requests,
 and an aggregating /metrics view (config.views) sums them."""
+
 from prometheus_client import Counter
 
 # outcome: miss (first execution), replay, conflict (in flight, 409), mismatch (422),

@@ -3,14 +3,14 @@
 It sits last in MIDDLEWARE and, for a covered request that carries a key, calls the view
 itself, so that the view's transaction can also store its answer (see execution.py).
 """
+
 from __future__ import annotations
 
 from asgiref.sync import async_to_sync, iscoroutinefunction
+from django.urls import Resolver404, get_resolver
 
 from . import metrics
 from .conf import idempotency_settings
-from django.urls import Resolver404, get_resolver
-
 from .exceptions import (
     IdempotencyInProgress,
     IdempotencyKeyInvalid,
@@ -115,9 +115,11 @@ class IdempotencyMiddleware:
             return problem_from_error(IdempotencyInProgress(retry_after=acquisition.retry_after))
         if acquisition.outcome is Outcome.MISMATCH:
             metrics.count("mismatch")
-            return problem_from_error(IdempotencyKeyMismatch(
-                f"This {header} was used for a request with another method, path, query string or body."
-            ))
+            return problem_from_error(
+                IdempotencyKeyMismatch(
+                    f"This {header} was used for a request with another method, path, query string or body."
+                )
+            )
 
         metrics.count("takeover" if acquisition.takeover else "miss")
         request.idempotency = IdempotencyContext(scope, key, acquisition.lease, acquisition.takeover)

@@ -65,7 +65,10 @@ class Operation(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["scope", "idem_key"], name="operation_scope_idem_key")]
-        indexes = [models.Index(fields=["owner", "-accepted_at"]), models.Index(fields=["state", "enqueued_at"])]
+        indexes = [
+            models.Index(fields=["owner", "-accepted_at"]),
+            models.Index(fields=["state", "enqueued_at"]),
+        ]
 
     def __str__(self):
         return f"{self.domain} {self.op_id} ({self.state})"

@@ -1,4 +1,5 @@
 """Per-view policy: required, optional or exempt, and how a view's key is held."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,4 +1,5 @@
 """RFC 9457 problem details (application/problem+json) for every API error."""
+
 from __future__ import annotations
 
 import json
@@ -13,7 +14,9 @@ API_PREFIX = "/api/"
 DOCS_URL_NAME = "idempotency-problem"
 
 
-def problem_body(status: int, detail: str = "", *, title: str | None = None, type: str = "about:blank", **extra):
+def problem_body(
+    status: int, detail: str = "", *, title: str | None = None, type: str = "about:blank", **extra
+):
     body = {"type": type, "title": title or HTTPStatus(status).phrase, "status": status, "detail": detail}
     body.update(extra)
     return body
@@ -69,7 +72,9 @@ def problem_handler400(request, exception=None):
     """handler400: a refused request on the API (a body over DATA_UPLOAD_MAX_MEMORY_SIZE, too
     many fields...) gets a problem, never an HTML page."""
     if request.path.startswith(API_PREFIX):
-        return problem(400, "The request could not be read: it is malformed or over the server's size limits.")
+        return problem(
+            400, "The request could not be read: it is malformed or over the server's size limits."
+        )
     return defaults.bad_request(request, exception)
 
 

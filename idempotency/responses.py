@@ -1,4 +1,5 @@
 """Which responses are stored, what of them is kept, and how a replay is rebuilt."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -34,7 +35,10 @@ def is_storable(response) -> bool:
 def is_refusal(response) -> bool:
     """A refusal that comes before the view's work (validation, authentication, throttling...):
     it has no effects to protect, so its key is freed for a corrected request."""
-    return not getattr(response, "streaming", False) and response.status_code in idempotency_settings.NOT_STORED_STATUSES
+    return (
+        not getattr(response, "streaming", False)
+        and response.status_code in idempotency_settings.NOT_STORED_STATUSES
+    )
 
 
 def refused_status(exc: BaseException) -> int | None:

@@ -4,6 +4,7 @@ Django middleware runs before DRF authenticates a request, so for a DRF view the
 authenticates it here with the view's own authenticators, then hands the result to DRF
 (the way DRF's test client forces authentication) so that it is not done twice.
 """
+
 from __future__ import annotations
 
 from django.core.exceptions import ImproperlyConfigured

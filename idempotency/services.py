@@ -1,9 +1,11 @@
 """The command store: accept a command once per (scope, key)."""
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Callable
+from typing import Any
 
 from django.db import IntegrityError, transaction
 
@@ -24,7 +26,9 @@ class Command:
     deadline: datetime | None = None
 
 
-def accept(command: Command, *, on_accepted: Callable[[Operation], None] | None = None) -> tuple[Operation, bool]:
+def accept(
+    command: Command, *, on_accepted: Callable[[Operation], None] | None = None
+) -> tuple[Operation, bool]:
     """The Operation of this (scope, key), created if new: (operation, created).
 
     Race-safe on the UNIQUE constraint: concurrent accepts of one key get one op_id, and
@@ -46,9 +50,11 @@ def accept(command: Command, *, on_accepted: Callable[[Operation], None] | None 
     except IntegrityError:
         operation = Operation.objects.get(scope=command.scope, idem_key=command.idem_key.value)
         if (operation.domain, operation.event_type, operation.payload) != (
-            command.domain, command.event_type, command.payload
+            command.domain,
+            command.event_type,
+            command.payload,
         ):
-            raise IdempotencyKeyMismatch(
+            raise IdempotencyKeyMismatch(  # noqa: B904 (the IntegrityError is the expected path, not a cause)
                 f"Key {command.idem_key} was accepted before for another command (operation {operation.op_id})."
             )
         return operation, False

@@ -1,4 +1,5 @@
 """URLs of the idempotency app: the documentation of its problem types."""
+
 from django.urls import path
 
 from .problems import DOCS_URL_NAME

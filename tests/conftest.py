@@ -1,5 +1,6 @@
 """Test-suite fixtures. A private redis-server runs for the whole session (REDIS_URL, when
 set, points at an external one instead) and every Redis-using setting is pointed at it."""
+
 import os
 
 import pytest

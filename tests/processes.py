@@ -1,5 +1,6 @@
 """Real processes for tests: the project's commands, a Celery worker and daphne, each in a
 session of its own with its output in a file, pointed at this run's Redis and test database."""
+
 from __future__ import annotations
 
 import os
@@ -53,31 +54,41 @@ class Process:
         self.log_path = Path(tempfile.mkstemp(prefix=f"{name}-", suffix=".log")[1])
         self.process: subprocess.Popen | None = None
 
-    def start(self, timeout: float = 30) -> "Process":
+    def start(self, timeout: float = 30) -> Process:
         """Start (or start again: the log goes on, so it waits for one more ready line)."""
         seen = self.log().count(self.ready_text) if self.ready_text else 0
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                self.command, cwd=BASE_DIR, env=process_env(**self.env), stdout=log, stderr=subprocess.STDOUT,
+                self.command,
+                cwd=BASE_DIR,
+                env=process_env(**self.env),
+                stdout=log,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
         if self.ready_text:
-            wait_for(lambda: self.process.poll() is not None or self.log().count(self.ready_text) > seen,
-                     timeout=timeout, message=f"{self.name} to start")
+            wait_for(
+                lambda: self.process.poll() is not None or self.log().count(self.ready_text) > seen,
+                timeout=timeout,
+                message=f"{self.name} to start",
+            )
             assert self.process.poll() is None, f"{self.name} exited:\n{self.log()}"
         return self
 
     @property
     def pid(self) -> int:
+        assert self.process is not None, "not started"
         return self.process.pid
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
     def signal(self, signum: int) -> None:
+        assert self.process is not None, "not started"
         self.process.send_signal(signum)
 
     def wait(self, timeout: float = 30) -> int:
+        assert self.process is not None, "not started"
         return self.process.wait(timeout=timeout)
 
     def kill(self) -> None:
@@ -131,9 +142,23 @@ class Worker(Process):
 
     def __init__(self, name: str = "worker", concurrency: int = 1, **env: str):
         super().__init__(
-            str(BIN / "celery"), "-A", "config", "worker", "-P", "prefork", "-c", str(concurrency),
-            "--loglevel", "INFO", "-n", f"{name}@%h", "--without-gossip", "--without-mingle", "--without-heartbeat",
-            name=name, **env,
+            str(BIN / "celery"),
+            "-A",
+            "config",
+            "worker",
+            "-P",
+            "prefork",
+            "-c",
+            str(concurrency),
+            "--loglevel",
+            "INFO",
+            "-n",
+            f"{name}@%h",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+            name=name,
+            **env,
         )
 
     def received(self, task_id, task: str = "eventbus.run_job") -> int:
@@ -151,12 +176,21 @@ class Daphne(Process):
     ready_text = "Listening on TCP address"
 
     def __init__(self, port: int, **env: str):
-        super().__init__(str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), "config.asgi:application",
-                         name="daphne", **env)
+        super().__init__(
+            str(BIN / "daphne"),
+            "-b",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "config.asgi:application",
+            name="daphne",
+            **env,
+        )
         self.url = f"http://127.0.0.1:{port}"
 
 
 # Added for the end-to-end harness (tests/e2e): helpers around the classes above.
+
 
 def child_pids(pid: int) -> list[int]:
     """The direct children of a process (a Celery worker's prefork pool), from /proc."""
@@ -184,6 +218,7 @@ def restart(process: Process, timeout: float = 30) -> Process:
 
 
 # Added for the stack's test (tests/test_stack.py).
+
 
 def pids_with_env(name: str, value: str) -> list[int]:
     """This user's processes whose environment has name=value: everything a process started with a

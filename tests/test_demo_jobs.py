@@ -1,4 +1,5 @@
 """The demo's job types (config.jobs), run in memory with eventbus.testing.events_of."""
+
 import pytest
 
 from config import jobs as demo
@@ -10,7 +11,11 @@ pytestmark = pytest.mark.django_db
 
 def test_scan_runs_its_stages_in_seq_order():
     assert [(stage, seq) for stage, seq, _ in events_of("scan")] == [
-        ("vision", 10), ("rule", 20), ("answer", 30), ("reward", 40), ("done", FINAL_SEQ)
+        ("vision", 10),
+        ("rule", 20),
+        ("answer", 30),
+        ("reward", 40),
+        ("done", FINAL_SEQ),
     ]
 
 
@@ -34,7 +39,9 @@ def test_each_scan_stage_does_its_work(monkeypatch, settings):
     assert slept == [0.5] * 4
 
 
-@pytest.mark.parametrize("domain,payload", [("scan", {}), ("chat", {"prompt": ""}), ("chat", {"prompt": "why " * 500})])
+@pytest.mark.parametrize(
+    "domain,payload", [("scan", {}), ("chat", {"prompt": ""}), ("chat", {"prompt": "why " * 500})]
+)
 def test_every_event_carries_a_rising_progress_that_ends_at_100(domain, payload):
     # The page's bar shows each event's own progress: every event carries one, chat's answer
     # chunks included, so that the bar moves with every event and stops at 100 with the last.
@@ -62,8 +69,11 @@ def test_in_development_a_chat_job_takes_seconds_chunk_by_chunk(monkeypatch, set
 
 
 def test_chat_refuses_a_prompt_that_is_not_text(api_client):
-    response = api_client.post("/api/jobs/", {"domain": "chat", "payload": {"prompt": 42}}, format="json",
-                               HTTP_IDEMPOTENCY_KEY="bad-prompt")
+    response = api_client.post(
+        "/api/jobs/",
+        {"domain": "chat", "payload": {"prompt": 42}},
+        format="json",
+        HTTP_IDEMPOTENCY_KEY="bad-prompt",
+    )
     assert response.status_code == 400
     assert response.json()["errors"]["payload"] == {"prompt": "must be a string"}
-

@@ -5,6 +5,7 @@ group as a terminal sends it, stops everything cleanly, the private Redis last.
 
 Also /metrics against metrics files written by another process (a router), the multiprocess mode
 the stack runs in."""
+
 from __future__ import annotations
 
 import json
@@ -34,6 +35,13 @@ READY = {
 }
 
 
+def found(pattern: str, text: str, flags: int = 0) -> str:
+    """The first group of `pattern` in `text`; a clear failure when it is not there."""
+    match = re.search(pattern, text, flags)
+    assert match is not None, f"{pattern!r} not found in:\n{text[-2000:]}"
+    return match.group(1)
+
+
 class Stack:
     """`python -m config.stack` in a session of its own, as a terminal's foreground job."""
 
@@ -45,9 +53,17 @@ class Stack:
         self.log_path = root / "stack.log"
         # Nothing of the test run's: the stack starts its own Redis and database, in dev settings.
         env = {
-            k: v for k, v in os.environ.items()
-            if k not in ("REDIS_URL", "CELERY_BROKER_URL", "CACHE_URL", "TEST_DATABASE_NAME",
-                         "PROMETHEUS_MULTIPROC_DIR", "prometheus_multiproc_dir")
+            k: v
+            for k, v in os.environ.items()
+            if k
+            not in (
+                "REDIS_URL",
+                "CELERY_BROKER_URL",
+                "CACHE_URL",
+                "TEST_DATABASE_NAME",
+                "PROMETHEUS_MULTIPROC_DIR",
+                "prometheus_multiproc_dir",
+            )
         }
         env.update(
             DJANGO_SETTINGS_MODULE="config.settings.dev",
@@ -59,17 +75,29 @@ class Stack:
         self.env = env
         self.process: subprocess.Popen | None = None
 
-    def start(self) -> "Stack":
+    def start(self) -> Stack:
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "config.stack"], cwd=BASE_DIR, env=self.env,
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                [sys.executable, "-m", "config.stack"],
+                cwd=BASE_DIR,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
-        wait_for(lambda: BANNER in self.log() or self.process.poll() is not None, timeout=60,
-                 interval=0.2, message="the banner")
+        wait_for(
+            lambda: BANNER in self.log() or self.process.poll() is not None,
+            timeout=60,
+            interval=0.2,
+            message="the banner",
+        )
         assert self.process.poll() is None, self.log()
-        wait_for(lambda: self.ready() or self.process.poll() is not None, timeout=90, interval=0.2,
-                 message="every process of the Procfile")
+        wait_for(
+            lambda: self.ready() or self.process.poll() is not None,
+            timeout=90,
+            interval=0.2,
+            message="every process of the Procfile",
+        )
         assert self.process.poll() is None, self.log()
         return self
 
@@ -81,15 +109,23 @@ class Stack:
         return all(re.search(rf"{name}\.1 +\| .*{text}", log) for name, text in READY.items())
 
     def redis_port(self) -> int:
-        return int(re.search(r"Redis:\s+redis://127\.0\.0\.1:(\d+)/0 \(private", self.log()).group(1))
+        return int(found(r"Redis:\s+redis://127\.0\.0\.1:(\d+)/0 \(private", self.log()))
 
     def manage(self, *args: str) -> str:
         """`manage.py <args>` on this stack's database: its output."""
-        return subprocess.run([sys.executable, "manage.py", *args], cwd=BASE_DIR, env=self.env,
-                              capture_output=True, text=True, timeout=60, check=True).stdout
+        return subprocess.run(
+            [sys.executable, "manage.py", *args],
+            cwd=BASE_DIR,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout
 
     def interrupt(self) -> None:
         """Ctrl-C at a terminal: SIGINT to every process of the foreground process group."""
+        assert self.process is not None, "not started"
         os.killpg(self.process.pid, signal.SIGINT)
 
     def cleanup(self) -> None:
@@ -132,14 +168,19 @@ def token_of(stack) -> str:
 def drf_token(stack) -> str:
     """The demo user's token from DRF's own command: for the tests of other things than the banner."""
     out = stack.manage("drf_create_token", "demo")
-    return re.search(r"Generated token (\w+) for user demo", out).group(1)
+    return found(r"Generated token (\w+) for user demo", out)
 
 
 def start_job(stack, token: str) -> dict:
     request = urllib.request.Request(
-        f"{stack.url}/api/jobs/", method="POST", data=json.dumps({"domain": "scan", "payload": {}}).encode(),
-        headers={"Authorization": f"Token {token}", "Idempotency-Key": os.urandom(8).hex(),
-                 "Content-Type": "application/json"},
+        f"{stack.url}/api/jobs/",
+        method="POST",
+        data=json.dumps({"domain": "scan", "payload": {}}).encode(),
+        headers={
+            "Authorization": f"Token {token}",
+            "Idempotency-Key": os.urandom(8).hex(),
+            "Content-Type": "application/json",
+        },
     )
     return json.loads(urllib.request.urlopen(request, timeout=10).read())
 
@@ -148,7 +189,7 @@ def readme_example(stack) -> str:
     """The shell block of the README's jobs API section, as written, for this stack's port."""
     readme = (BASE_DIR / "README.md").read_text()
     section = readme.split("## The jobs API", 1)[1]
-    block = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
+    block = found(r"```sh\n(.*?)```", section, re.S)
     block = block.replace(".venv/bin/python", sys.executable)  # the virtualenv this test runs in
     return block.replace("127.0.0.1:8000", f"127.0.0.1:{stack.port}")
 
@@ -171,8 +212,14 @@ def test_the_readme_token_and_curl_work_as_written(stack):
     example = readme_example(stack)
 
     def run():  # the README's commands, in a shell, plus the answer's status and headers
-        done = subprocess.run(["bash", "-ec", example.rstrip() + " -sS -i"], cwd=BASE_DIR,
-                              env=stack.env, capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            ["bash", "-ec", example.rstrip() + " -sS -i"],
+            cwd=BASE_DIR,
+            env=stack.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert done.returncode == 0, (example, done.stdout, done.stderr)
         head, body = done.stdout.split("\n\n", 1)  # text mode: \r\n read as \n
         return head.lower(), json.loads(body)
@@ -188,18 +235,26 @@ def test_the_readme_token_and_curl_work_as_written(stack):
 def test_metrics_show_every_process(stack):
     token = drf_token(stack)
     job = start_job(stack, token)
-    wait_for(lambda: api(stack, f"/api/jobs/{job['job_id']}/", token)["state"] == "COMPLETED", timeout=60,
-             interval=0.2, message="the job to complete")
+    wait_for(
+        lambda: api(stack, f"/api/jobs/{job['job_id']}/", token)["state"] == "COMPLETED",
+        timeout=60,
+        interval=0.2,
+        message="the job to complete",
+    )
 
     def scraped():
         text = urllib.request.urlopen(f"{stack.url}/metrics", timeout=5).read().decode()
         # published by a worker's pool process, applied by the router, the request seen by daphne
-        counts = (metric_sum(text, "eventbus_published_total"), metric_sum(text, "eventbus_applied_total"),
-                  metric_sum(text, "idempotency_requests_total", 'outcome="miss"'))
+        counts = (
+            metric_sum(text, "eventbus_published_total"),
+            metric_sum(text, "eventbus_applied_total"),
+            metric_sum(text, "idempotency_requests_total", 'outcome="miss"'),
+        )
         return counts if all(counts) else None
 
-    published, applied, misses = wait_for(scraped, timeout=30, interval=0.2,
-                                          message="every process's metrics")
+    published, applied, misses = wait_for(
+        scraped, timeout=30, interval=0.2, message="every process's metrics"
+    )
     assert published >= 5 and applied >= 5 and misses >= 1
 
 
@@ -207,8 +262,9 @@ def test_ctrl_c_stops_every_process_cleanly_and_redis_last(stack):
     redis_port = stack.redis_port()
     # A job in hand when Ctrl-C comes: the worker finishes it before it stops.
     job_id = start_job(stack, drf_token(stack))["job_id"]
-    wait_for(lambda: f"Job {job_id} running" in stack.log(), timeout=30, interval=0.1,
-             message="the job running")
+    wait_for(
+        lambda: f"Job {job_id} running" in stack.log(), timeout=30, interval=0.1, message="the job running"
+    )
     stack.interrupt()
     try:
         code = stack.process.wait(timeout=60)
@@ -223,11 +279,15 @@ def test_ctrl_c_stops_every_process_cleanly_and_redis_last(stack):
     assert code == 0, log
     with pytest.raises(redis.ConnectionError):
         redis.Redis(port=redis_port, socket_connect_timeout=1).ping()
-    wait_for(lambda: not pids_with_env("RUN_DIR", str(stack.run_dir)) and not pids_working_in(stack.run_dir),
-             timeout=10, message="no process left")
+    wait_for(
+        lambda: not pids_with_env("RUN_DIR", str(stack.run_dir)) and not pids_working_in(stack.run_dir),
+        timeout=10,
+        message="no process left",
+    )
 
 
 # /metrics in multiprocess mode, against the files of processes started here.
+
 
 def multiproc_files(directory: Path, pid: int) -> list[str]:
     return sorted(p.name for p in directory.glob(f"*_{pid}.db"))
@@ -245,11 +305,24 @@ def test_metrics_add_up_other_processes_and_drop_a_stopped_ones_gauges(
     port = free_port()
     # prometheus_client reads PROMETHEUS_MULTIPROC_DIR when first imported: the router has it from
     # its start; this test process (imported long ago) stays in single-process mode.
-    router = Manage("run_router", "--consumer", "metrics", "--block-ms", "200", "--metrics-port",
-                    str(port), PROMETHEUS_MULTIPROC_DIR=str(directory)).start()
+    router = Manage(
+        "run_router",
+        "--consumer",
+        "metrics",
+        "--block-ms",
+        "200",
+        "--metrics-port",
+        str(port),
+        PROMETHEUS_MULTIPROC_DIR=str(directory),
+    ).start()
     try:
-        publish_events([("scan", "m1", "vision", 10, {}), ("scan", "m1", "rule", 20, {}),
-                        ("chat", "m2", "answer", 30, {})])
+        publish_events(
+            [
+                ("scan", "m1", "vision", 10, {}),
+                ("scan", "m1", "rule", 20, {}),
+                ("chat", "m2", "answer", 30, {}),
+            ]
+        )
 
         def own_port_applied():
             try:
@@ -259,8 +332,12 @@ def test_metrics_add_up_other_processes_and_drop_a_stopped_ones_gauges(
             return metric_sum(text.decode(), "eventbus_applied_total") == 3
 
         wait_for(own_port_applied, timeout=30, interval=0.1, message="the router's --metrics-port")
-        counted = run_command("shell", "-c", "from idempotency import metrics; metrics.count('replay')",
-                              PROMETHEUS_MULTIPROC_DIR=str(directory))
+        counted = run_command(
+            "shell",
+            "-c",
+            "from idempotency import metrics; metrics.count('replay')",
+            PROMETHEUS_MULTIPROC_DIR=str(directory),
+        )
         assert counted[0] == 0, counted[1]
 
         monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(directory))  # read per request

@@ -6,6 +6,7 @@ Cluster, which neither Celery's broker nor the cache can use); EVENTBUS_CLUSTER=
 bus on the cluster REDIS_URL names (EVENTBUS["CLUSTER"]). RUN_DIR (default .run/) is where
 `make run` and the tests keep their local state.
 """
+
 import os
 from pathlib import Path
 
@@ -84,6 +85,7 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 CACHE_URL = os.environ.get("CACHE_URL") or REDIS_URL
 
+
 def redis_cache(location: str, key_prefix: str) -> dict:
     """A django-redis cache (the test suite and the benchmarks build theirs the same way)."""
     return {
@@ -133,7 +135,8 @@ IDEMPOTENCY = {
 
 # The event bus: see eventbus.conf for every key. test.py adds its own keys to this dict.
 # The demo's job types, written with the toolkit's public API (config/jobs.py).
-EVENTBUS = {"JOB_TYPES": ("config.jobs.ScanJob", "config.jobs.ChatJob")}
+DEMO_JOB_TYPES = ("config.jobs.ScanJob", "config.jobs.ChatJob")
+EVENTBUS: dict[str, object] = {"JOB_TYPES": DEMO_JOB_TYPES}
 if os.environ.get("EVENTBUS_CLUSTER", "").lower() in ("1", "true", "yes"):
     EVENTBUS["CLUSTER"] = True
 

@@ -1,4 +1,5 @@
 """Local development: DEBUG on, a fixed insecure key, any local host."""
+
 from .base import *  # noqa: F401,F403
 from .base import EVENTBUS
 

@@ -1,4 +1,5 @@
 """Production: every secret and host comes from the environment."""
+
 import os
 
 from .base import *  # noqa: F401,F403

@@ -1,8 +1,9 @@
 """The test suite: DEBUG off, fast hashing, a test database of its own per run."""
+
 import os
 
 from .base import *  # noqa: F401,F403
-from .base import DATABASES, EVENTBUS, RUN_DIR
+from .base import DATABASES, DEMO_JOB_TYPES, EVENTBUS, RUN_DIR
 
 SECRET_KEY = "test-only-key-not-a-secret"
 ALLOWED_HOSTS = ["testserver", "127.0.0.1", "localhost"]
@@ -25,6 +26,6 @@ EVENTBUS = {
     **EVENTBUS,
     "STAGE_SECONDS": float(os.environ.get("EVENTBUS_STAGE_SECONDS", 0)),
     # The demo's job types, and one of the test suite's own (written as a user writes one).
-    "JOB_TYPES": (*EVENTBUS["JOB_TYPES"], "tests.eventbus.jobtypes.StagedJob"),
+    "JOB_TYPES": (*DEMO_JOB_TYPES, "tests.eventbus.jobtypes.StagedJob"),
 }
 SERVE_STATIC = True  # config.asgi serves /static/ itself

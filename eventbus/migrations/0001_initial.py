@@ -6,28 +6,46 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('idempotency', '0001_initial'),
+        ("idempotency", "0001_initial"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='StageRecord',
+            name="StageRecord",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('stage', models.CharField(max_length=64)),
-                ('attempts', models.PositiveIntegerField(default=0, help_text='runs that started this stage')),
-                ('result', models.JSONField(blank=True, null=True)),
-                ('events', models.JSONField(blank=True, default=list)),
-                ('started_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('operation', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='stage_records', to='idempotency.operation')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("stage", models.CharField(max_length=64)),
+                (
+                    "attempts",
+                    models.PositiveIntegerField(default=0, help_text="runs that started this stage"),
+                ),
+                ("result", models.JSONField(blank=True, null=True)),
+                ("events", models.JSONField(blank=True, default=list)),
+                ("started_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "operation",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="stage_records",
+                        to="idempotency.operation",
+                    ),
+                ),
             ],
             options={
-                'constraints': [models.UniqueConstraint(fields=('operation', 'stage'), name='stage_record_operation_stage')],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("operation", "stage"), name="stage_record_operation_stage"
+                    )
+                ],
             },
         ),
     ]

@@ -3,6 +3,7 @@
 A store answers `acquire` with one of four outcomes and keeps the lease rules: only the
 holder of a lease token may `complete` or `fail` the record it leased.
 """
+
 from __future__ import annotations
 
 import enum
@@ -47,8 +48,15 @@ class BaseStore:
     now = staticmethod(timezone.now)
 
     def acquire(
-        self, *, scope: str, key: str, fingerprint: str, lease_seconds: int, ttl_seconds: int,
-        method: str = "", path: str = "",
+        self,
+        *,
+        scope: str,
+        key: str,
+        fingerprint: str,
+        lease_seconds: int,
+        ttl_seconds: int,
+        method: str = "",
+        path: str = "",
     ) -> Acquisition:
         raise NotImplementedError("subclasses of BaseStore must provide an acquire() method")
 

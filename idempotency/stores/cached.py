@@ -3,6 +3,7 @@ the cache without a database query. The cache is filled only after the completin
 transaction commits, so it never holds an answer the database does not, and an entry
 lives no longer than its record.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -38,8 +39,13 @@ class CachedStore(DatabaseStore):
             response = StoredResponse(entry["status"], tuple(map(tuple, entry["headers"])), entry["body"])
             return Acquisition(Outcome.REPLAY, response=response)
         acquisition = super().acquire(
-            scope=scope, key=key, fingerprint=fingerprint, lease_seconds=lease_seconds,
-            ttl_seconds=ttl_seconds, method=method, path=path,
+            scope=scope,
+            key=key,
+            fingerprint=fingerprint,
+            lease_seconds=lease_seconds,
+            ttl_seconds=ttl_seconds,
+            method=method,
+            path=path,
         )
         if acquisition.outcome is Outcome.REPLAY:
             self._remember(scope, key, fingerprint, acquisition.response, acquisition.expires_at)
@@ -67,8 +73,11 @@ class CachedStore(DatabaseStore):
         if timeout <= 0:
             return
         entry = {
-            "fingerprint": fingerprint, "expires": expires, "status": response.status,
-            "headers": [list(h) for h in response.headers], "body": response.body,
+            "fingerprint": fingerprint,
+            "expires": expires,
+            "status": response.status,
+            "headers": [list(h) for h in response.headers],
+            "body": response.body,
         }
         self._cache_call("set", scope, key, entry, timeout)
 

@@ -1,4 +1,5 @@
 """The database store: the source of truth. UNIQUE (scope, key) decides races."""
+
 from __future__ import annotations
 
 import math
@@ -23,11 +24,21 @@ class DatabaseStore(BaseStore):
         for _ in range(MAX_ROUNDS):
             now = self.now()
             expires_at = now + timedelta(seconds=ttl_seconds)
-            lease = {"state": State.PENDING, "lease_token": token, "lease_expires_at": now + timedelta(seconds=lease_seconds)}
+            lease = {
+                "state": State.PENDING,
+                "lease_token": token,
+                "lease_expires_at": now + timedelta(seconds=lease_seconds),
+            }
             fresh = {
-                "fingerprint": fingerprint, "method": method, "path": path, "created_at": now,
-                "expires_at": expires_at, "response_status": None, "response_headers": [],
-                "response_body": None, "completed_at": None,
+                "fingerprint": fingerprint,
+                "method": method,
+                "path": path,
+                "created_at": now,
+                "expires_at": expires_at,
+                "response_status": None,
+                "response_headers": [],
+                "response_body": None,
+                "completed_at": None,
             }
             try:
                 self._insert(scope=scope, key=key, **lease, **fresh)
@@ -40,12 +51,16 @@ class DatabaseStore(BaseStore):
             if record.expires_at <= now:
                 # An expired record counts as absent: start it afresh in place.
                 if self._take_over(record, {**lease, **fresh}):
-                    return Acquisition(Outcome.ACQUIRED, lease=Lease(scope, key, token, fingerprint, expires_at))
+                    return Acquisition(
+                        Outcome.ACQUIRED, lease=Lease(scope, key, token, fingerprint, expires_at)
+                    )
                 continue
             if record.fingerprint != fingerprint:
                 return Acquisition(Outcome.MISMATCH)
             if record.state == State.COMPLETED:
-                return Acquisition(Outcome.REPLAY, response=self._stored(record), expires_at=record.expires_at)
+                return Acquisition(
+                    Outcome.REPLAY, response=self._stored(record), expires_at=record.expires_at
+                )
             if record.state == State.PENDING and record.lease_expires_at > now:
                 wait = math.ceil((record.lease_expires_at - now).total_seconds())
                 return Acquisition(Outcome.IN_FLIGHT, retry_after=max(1, wait))

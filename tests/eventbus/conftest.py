@@ -12,6 +12,7 @@ from config.redis_server import RedisClusterServers
 
 from .helpers import point_broker
 
+
 @pytest.fixture(scope="session")
 def redis_cluster_nodes():
     servers = RedisClusterServers(3).start()
@@ -57,8 +58,13 @@ def make_operation(user):
 
     def make(domain="scan", payload=None, **fields):
         return Operation.objects.create(
-            scope=f"t:{user.pk}", idem_key=fields.pop("idem_key", os.urandom(8).hex()), owner=user,
-            domain=domain, event_type="job.requested", payload=payload or {}, **fields,
+            scope=f"t:{user.pk}",
+            idem_key=fields.pop("idem_key", os.urandom(8).hex()),
+            owner=user,
+            domain=domain,
+            event_type="job.requested",
+            payload=payload or {},
+            **fields,
         )
 
     return make

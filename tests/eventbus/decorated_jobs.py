@@ -1,4 +1,5 @@
 """A job type registered both ways: @register, and EVENTBUS["JOB_TYPES"] naming this module."""
+
 from eventbus.jobtypes import JobType, Stage, register
 
 

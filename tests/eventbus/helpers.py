@@ -51,7 +51,8 @@ def pending(client, key: str, group: str = "router") -> int:
 
 def job_ids_on_shard(domain: str, shard: int, count: int, prefix: str = "job") -> list[str]:
     """Job ids whose keys fall on this shard (to aim entries at one stream)."""
-    found, n = [], 0
+    found: list[str] = []
+    n = 0
     while len(found) < count:
         job_id = f"{prefix}-{n}"
         if JobKeys(domain, job_id).shard == shard:

@@ -1,6 +1,7 @@
 """A job type of the test suite's own, written as a user writes one: it logs each stage's work
 to the file its payload names, so that tests can count executions across worker processes.
 Registered by the test settings (EVENTBUS["JOB_TYPES"])."""
+
 import time
 from pathlib import Path
 

@@ -6,11 +6,11 @@ from io import StringIO
 from django.core.management import call_command
 
 from eventbus import publish_event, publish_events
+from eventbus.delivery import streams_for
 from eventbus.keys import JobKeys
 from eventbus.reclaimer import Reclaimer
 from eventbus.redis import get_redis
 from eventbus.router import Router
-from eventbus.delivery import streams_for
 
 from .helpers import Subscriber, dead_letters, history_seqs, pending, state
 

@@ -11,10 +11,9 @@ from django.core.management import CommandError, call_command
 
 from config.redis_server import free_port
 from eventbus import publish_events
-from eventbus.keys import JobKeys, stream_key
 from eventbus.delivery import streams_for
+from eventbus.keys import JobKeys, stream_key
 from eventbus.stopping import GracefulStop
-
 from tests.processes import Manage, run_command, wait_for
 
 from .helpers import Subscriber, dead_letters, history, pending, state
@@ -122,7 +121,9 @@ def test_two_routers_in_one_group_deliver_every_event_once_in_order(redis_client
         for name, port in zip(("a", "b"), ports)
     ]
     for name in ("a", "b"):
-        wait_for(lambda: blocked_reader(redis_client, name), timeout=30, message=f"router {name} reading")
+        wait_for(
+            lambda name=name: blocked_reader(redis_client, name), timeout=30, message=f"router {name} reading"
+        )
 
     publish_all()
 

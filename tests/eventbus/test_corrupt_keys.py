@@ -214,6 +214,7 @@ def test_route_with_a_corrupt_key_is_dead_lettered_with_its_reason_and_redriven_
 
 # --- dead_letter.lua ----------------------------------------------------------------------------
 
+
 def stream_of(keys: JobKeys) -> str:
     return keys.stream
 
@@ -284,6 +285,7 @@ def test_dead_letter_with_a_corrupt_key_leaves_the_entry_pending_until_repaired(
 
 
 # --- redrive.lua --------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("key_of", [stream_of, dead_letters_of], ids=["stream", "dead-letters"])
 def test_redrive_with_a_corrupt_key_writes_nothing_and_keeps_the_dead_letter(

@@ -1,4 +1,5 @@
 """The start-up check of the bus's Redis: persistence on, nothing evicted (real servers)."""
+
 import logging
 
 import pytest
@@ -15,8 +16,15 @@ def servers():
     ephemeral = RedisServer().start()
     evicting = RedisServer(durable=True, args=("--maxmemory-policy", "allkeys-lru")).start()
     snapshots = RedisServer(args=("--save", "3600 1")).start()
-    yield {name: redis.Redis(port=s.port, decode_responses=True) for name, s in
-           (("durable", durable), ("ephemeral", ephemeral), ("evicting", evicting), ("snapshots", snapshots))}
+    yield {
+        name: redis.Redis(port=s.port, decode_responses=True)
+        for name, s in (
+            ("durable", durable),
+            ("ephemeral", ephemeral),
+            ("evicting", evicting),
+            ("snapshots", snapshots),
+        )
+    }
     for server in (durable, ephemeral, evicting, snapshots):
         server.stop()
 
@@ -25,11 +33,14 @@ def test_the_run_commands_private_redis_is_durable(servers):
     assert durability_problems(servers["durable"]) == []
 
 
-@pytest.mark.parametrize("name, words", [
-    ("ephemeral", "persistence is off"),
-    ("evicting", "maxmemory-policy is allkeys-lru"),
-    ("snapshots", "only RDB snapshots"),
-])
+@pytest.mark.parametrize(
+    "name, words",
+    [
+        ("ephemeral", "persistence is off"),
+        ("evicting", "maxmemory-policy is allkeys-lru"),
+        ("snapshots", "only RDB snapshots"),
+    ],
+)
 def test_an_unsafe_server_is_named_for_what_it_risks(servers, name, words):
     assert any(words in problem for problem in durability_problems(servers[name]))
 

@@ -1,14 +1,16 @@
 """The public job-type API: declarations, seqs from stages, registration, the jobs API, and
 effectively-once stages (a re-run skips finished stages), in process against real Redis and a
 real database. The same with a real worker SIGKILLed mid-stage is in test_tasks_worker.py."""
+
 import json
 
 import pytest
 import redis
 from django.core.exceptions import ImproperlyConfigured
 
-from eventbus import jobs, stages
+from eventbus import jobs
 from eventbus.jobtypes import JobType, Stage, UnknownJobType, job_type, register, registry
+from eventbus.keys import JobKeys
 from eventbus.models import StageRecord
 from eventbus.testing import events_of
 from idempotency.models import Operation
@@ -31,7 +33,10 @@ def own_registrations():
     jobtypes._registry = None
 
 
-def declare(name="t", stages=(Stage("a"),), **methods):
+ONE_STAGE = (Stage("a"),)
+
+
+def declare(name="t", stages=ONE_STAGE, **methods):
     methods.setdefault("a", lambda self, ctx: None)
     return type("Declared", (JobType,), {"name": name, "stages": stages, **methods})
 
@@ -39,13 +44,16 @@ def declare(name="t", stages=(Stage("a"),), **methods):
 # Declarations -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"name": "no spaces"}, "identifier"),
-    ({"stages": ()}, "at least one Stage"),
-    ({"stages": (Stage("a"), Stage("a"))}, "repeat"),
-    ({"stages": (Stage("a"), Stage("b"))}, "needs a method b"),
-    ({"stages": (Stage("a", first_seq=30), Stage("b", first_seq=20))}, "inside the range before it"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"name": "no spaces"}, "identifier"),
+        ({"stages": ()}, "at least one Stage"),
+        ({"stages": (Stage("a"), Stage("a"))}, "repeat"),
+        ({"stages": (Stage("a"), Stage("b"))}, "needs a method b"),
+        ({"stages": (Stage("a", first_seq=30), Stage("b", first_seq=20))}, "inside the range before it"),
+    ],
+)
 def test_a_declaration_the_toolkit_cannot_run_is_refused_at_registration(kwargs, message):
     if "needs a method" not in message:
         kwargs["b"] = lambda self, ctx: None
@@ -68,7 +76,11 @@ def test_seqs_come_from_the_declared_stages():
     wide = declare(stages=(Stage("a", width=25), Stage("b")), b=lambda self, ctx: None)
     assert [p.first_seq for p in wide.plan()] == [10, 35] and wide.final_seq() == 51
     assert [(s, seq) for s, seq, _ in events_of(StagedJob, {"log": "/dev/null"})] == [
-        ("first", 10), ("second", 20), ("second", 21), ("third", 30), ("done", 51)
+        ("first", 10),
+        ("second", 20),
+        ("second", 21),
+        ("third", 30),
+        ("done", 51),
     ]
 
 
@@ -110,8 +122,12 @@ def test_registered_by_decorator_or_by_setting(settings):
 
 @pytest.mark.django_db
 def test_the_jobs_api_accepts_every_registered_type_and_refuses_others(api_client):
-    accepted = api_client.post("/api/jobs/", {"domain": "staged", "payload": {"log": "/dev/null"}},
-                               format="json", HTTP_IDEMPOTENCY_KEY="staged-1")
+    accepted = api_client.post(
+        "/api/jobs/",
+        {"domain": "staged", "payload": {"log": "/dev/null"}},
+        format="json",
+        HTTP_IDEMPOTENCY_KEY="staged-1",
+    )
     assert accepted.status_code == 201, accepted.content
     refused = api_client.post("/api/jobs/", {"domain": "nope"}, format="json", HTTP_IDEMPOTENCY_KEY="nope-1")
     assert refused.status_code == 400 and refused["Content-Type"] == "application/problem+json"
@@ -140,14 +156,22 @@ def test_a_rerun_skips_finished_stages_and_reuses_their_results_and_events(
     assert jobs.run(str(operation.op_id)) == State.COMPLETED
     key = f"{operation.op_id}:second"
     assert lines(log_path) == [
-        "first", "second attempt 1 after {'n': 1}", f"charge {key}", "second charged", "third",
+        "first",
+        "second attempt 1 after {'n': 1}",
+        f"charge {key}",
+        "second charged",
+        "third",
     ]  # the third stage's work ran on its second attempt only; the first two ran once
     records = {r.stage: r for r in StageRecord.objects.filter(operation=operation)}
     assert {name: r.attempts for name, r in records.items()} == {"first": 1, "second": 1, "third": 2}
     assert records["second"].result == {"receipt": {"charged": 5}}
     assert [seq for _stage, seq, _data in records["second"].events] == [20, 21]
     assert job_events(redis_client, "staged", operation.op_id) == [
-        ("first", 10), ("second", 20), ("second", 21), ("third", 30), ("done", 51)
+        ("first", 10),
+        ("second", 20),
+        ("second", 21),
+        ("third", 30),
+        ("done", 51),
     ]
 
 
@@ -165,7 +189,11 @@ def test_recorded_events_restore_a_stream_that_lost_them(redis_client, make_oper
     assert jobs.run(str(operation.op_id)) == State.COMPLETED
     assert lines(log_path).count("first") == 1 and lines(log_path).count("third") == 1
     assert job_events(redis_client, "staged", operation.op_id) == [
-        ("first", 10), ("second", 20), ("second", 21), ("third", 30), ("done", 51)
+        ("first", 10),
+        ("second", 20),
+        ("second", 21),
+        ("third", 30),
+        ("done", 51),
     ]
 
 
@@ -173,10 +201,21 @@ def test_recorded_events_restore_a_stream_that_lost_them(redis_client, make_oper
 def test_job_failed_ends_the_job_with_its_reason(redis_client, make_operation, tmp_path):
     operation = make_operation("staged", {"log": str(tmp_path / "log"), "fail": True})
     assert jobs.run(str(operation.op_id)) == State.FAILED
-    final = [json.loads(f[b"data"]) for _, f in redis_client.xrange(stages.JobKeys("staged", str(operation.op_id)).stream)
-             if f[b"job_id"].decode() == str(operation.op_id) and f[b"stage"] == b"done"]
-    assert final == [{"label": "Done", "progress": 100, "state": "FAILED", "final": True,
-                      "error": "refused by the payload", "code": 7}]
+    final = [
+        json.loads(f[b"data"])
+        for _, f in redis_client.xrange(JobKeys("staged", str(operation.op_id)).stream)
+        if f[b"job_id"].decode() == str(operation.op_id) and f[b"stage"] == b"done"
+    ]
+    assert final == [
+        {
+            "label": "Done",
+            "progress": 100,
+            "state": "FAILED",
+            "final": True,
+            "error": "refused by the payload",
+            "code": 7,
+        }
+    ]
 
 
 @pytest.mark.django_db

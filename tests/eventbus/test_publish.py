@@ -8,7 +8,6 @@ from prometheus_client import REGISTRY
 from eventbus import Event, InvalidEvent, OutOfOrderEvent, publish_event, publish_events
 from eventbus.keys import JobKeys
 from eventbus.scripts import PUBLISH
-
 from tests.processes import BASE_DIR
 
 

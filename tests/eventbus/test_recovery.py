@@ -1,6 +1,7 @@
 """No accepted job stays stranded: the recovery enqueues again a job whose run was lost, and
 times out one past its deadline (real Redis broker, real database; the worker's side, resuming
 from stage records, is in test_jobtypes.py and test_tasks_worker.py)."""
+
 from datetime import timedelta
 
 import pytest
@@ -36,7 +37,7 @@ def test_a_running_job_with_no_lease_and_no_sign_of_life_is_enqueued_again(broke
 def test_jobs_with_a_sign_of_life_are_left_alone(broker, make_operation, quiet):
     recent_stage = make_operation(state=State.RUNNING, enqueued_at=quiet)
     StageRecord.objects.create(operation=recent_stage, stage="vision", started_at=timezone.now())
-    recently_enqueued = make_operation(enqueued_at=timezone.now())
+    make_operation(enqueued_at=timezone.now())  # recently enqueued
     leased = make_operation(state=State.RUNNING, enqueued_at=quiet)
     lease = RunLease(leased)
     assert lease.acquire()
@@ -52,7 +53,9 @@ def test_jobs_with_a_sign_of_life_are_left_alone(broker, make_operation, quiet):
 
 
 def test_a_stranded_job_past_its_deadline_times_out_with_its_final_event(broker, make_operation, quiet):
-    late = make_operation(state=State.RUNNING, enqueued_at=quiet, deadline=timezone.now() - timedelta(seconds=1))
+    late = make_operation(
+        state=State.RUNNING, enqueued_at=quiet, deadline=timezone.now() - timedelta(seconds=1)
+    )
     assert recovery.recover_stranded() == 1
     assert Operation.objects.get(pk=late.pk).state == State.TIMED_OUT
     assert job_events(broker, "scan", late.op_id) == [("done", 51)]

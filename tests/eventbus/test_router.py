@@ -232,15 +232,21 @@ def test_a_stream_key_of_another_type_is_set_aside_and_the_other_streams_keep_fl
     thread.start()
     try:
         publish_job("scan", healthy, [10, 11])
-        wait_for(lambda: history_seqs(redis_client, "scan", healthy) == [10, 11], timeout=10,
-                 message="the healthy shard's events")
+        wait_for(
+            lambda: history_seqs(redis_client, "scan", healthy) == [10, 11],
+            timeout=10,
+            message="the healthy shard's events",
+        )
         assert f"the key {corrupt_key} holds a string, not a stream" in caplog.text
         assert thread.is_alive()
 
         redis_client.delete(corrupt_key)  # repaired
         publish_job("scan", broken, [10, 11])
-        wait_for(lambda: history_seqs(redis_client, "scan", broken) == [10, 11], timeout=10,
-                 message="the repaired shard's events")
+        wait_for(
+            lambda: history_seqs(redis_client, "scan", broken) == [10, 11],
+            timeout=10,
+            message="the repaired shard's events",
+        )
         assert thread.is_alive()
     finally:
         router.request_stop()

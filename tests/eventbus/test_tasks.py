@@ -3,6 +3,7 @@
 Real Redis and a real database; stages take no time (EVENTBUS STAGE_SECONDS is 0 in tests).
 The real Celery worker runs in test_tasks_worker.py.
 """
+
 import io
 import json
 import subprocess
@@ -16,8 +17,8 @@ import redis
 from django.core.management import call_command
 from django.utils import timezone
 
-from eventbus import jobs, stages, tasks
 from config.jobs import ScanJob
+from eventbus import jobs, stages, tasks
 from eventbus.keys import JobKeys
 from eventbus.publish import publish_event
 from eventbus.sweep import Sweeper, enqueue_pending
@@ -135,10 +136,16 @@ def test_an_exception_fails_the_job_with_a_log_line_and_a_final_event(
     assert operation.state == State.FAILED and operation.completed_at is not None
     assert f"Job {operation.op_id} failed: RuntimeError: the rules engine exploded" in caplog.text
     assert job_events(redis_client, "scan", operation.op_id) == [
-        ("vision", 10), ("rule", 20), ("done", FINAL_SEQ)
+        ("vision", 10),
+        ("rule", 20),
+        ("done", FINAL_SEQ),
     ]
     assert final_data(redis_client, "scan", operation.op_id) == {
-        "label": "Done", "progress": 100, "state": "FAILED", "final": True, "error": "RuntimeError"
+        "label": "Done",
+        "progress": 100,
+        "state": "FAILED",
+        "final": True,
+        "error": "RuntimeError",
     }
     assert jobs.run(str(operation.op_id)) == "skipped"
 
@@ -281,14 +288,21 @@ def test_sweeper_loops_until_stopped(broker, make_operation, monkeypatch):
 def test_sweep_operations_stops_cleanly_on_sigterm(broker):
     process = subprocess.Popen(
         [sys.executable, "manage.py", "sweep_operations", "--interval", "0.1"],
-        cwd=BASE_DIR, env=process_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=BASE_DIR,
+        env=process_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     stderr_lines = []
     reader = threading.Thread(target=lambda: stderr_lines.extend(process.stderr), daemon=True)
     reader.start()
     try:
-        wait_for(lambda: process.poll() is not None or any("Sweeping" in line for line in stderr_lines),
-                 timeout=30, message="the sweeper to start")
+        wait_for(
+            lambda: process.poll() is not None or any("Sweeping" in line for line in stderr_lines),
+            timeout=30,
+            message="the sweeper to start",
+        )
         assert process.poll() is None, "".join(stderr_lines)
         process.terminate()
         stdout = process.stdout.read()

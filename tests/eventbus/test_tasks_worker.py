@@ -7,6 +7,7 @@ the test: kombu's Redis transport keeps a delivered, unacknowledged message in i
 hash and puts it back in the queue once it is older than the visibility timeout (at a
 worker's start, and on its periodic restore sweep).
 """
+
 import os
 import signal
 import time
@@ -158,7 +159,9 @@ def test_a_worker_killed_mid_stage_reruns_only_that_stage_and_its_outside_call_h
     worker = start_worker()
     payload = {"log": log_path, "hang_on_first_attempt": 60}
     job_id = post_job(api_client, "staged", payload, key="staged-kill").json()["job_id"]
-    wait_for(lambda: "second charged" in lines(log_path), timeout=30, message="the second stage's outside call")
+    wait_for(
+        lambda: "second charged" in lines(log_path), timeout=30, message="the second stage's outside call"
+    )
     [child] = worker.pool_pids()
     os.kill(child, signal.SIGKILL)
 
@@ -166,12 +169,19 @@ def test_a_worker_killed_mid_stage_reruns_only_that_stage_and_its_outside_call_h
     key = f"{job_id}:second"
     assert lines(log_path) == [
         "first",
-        "second attempt 1 after {'n': 1}", f"charge {key}", "second charged",  # killed after this
-        "second attempt 2 after {'n': 1}", "second charged",  # the outside call replayed
+        "second attempt 1 after {'n': 1}",
+        f"charge {key}",
+        "second charged",  # killed after this
+        "second attempt 2 after {'n': 1}",
+        "second charged",  # the outside call replayed
         "third",
     ], worker.log()
     attempts = dict(StageRecord.objects.filter(operation_id=job_id).values_list("stage", "attempts"))
     assert attempts == {"first": 1, "second": 2, "third": 1}
     assert job_events(broker, "staged", job_id) == [
-        ("first", 10), ("second", 20), ("second", 21), ("third", 30), ("done", 51)
+        ("first", 10),
+        ("second", 20),
+        ("second", 21),
+        ("third", 30),
+        ("done", 51),
     ]

@@ -40,8 +40,9 @@ def staff_cookie(django_user_model):
 
 @pytest.fixture
 def job(user, redis_client):
-    return Operation.objects.create(scope="-:1", idem_key="ws-job", domain="scan", event_type="job.requested",
-                                    owner=user)
+    return Operation.objects.create(
+        scope="-:1", idem_key="ws-job", domain="scan", event_type="job.requested", owner=user
+    )
 
 
 async def open_socket(path, cookie=None, *, subscribed_to=None):

@@ -1,4 +1,5 @@
 """The jobs API contract of SPEC §3."""
+
 import uuid
 
 import pytest
@@ -10,8 +11,12 @@ pytestmark = pytest.mark.django_db
 
 
 def create(client, key="job-1", body=None):
-    return client.post("/api/jobs/", data=body or {"domain": "scan", "payload": {"n": 1}}, format="json",
-                       HTTP_IDEMPOTENCY_KEY=key)
+    return client.post(
+        "/api/jobs/",
+        data=body or {"domain": "scan", "payload": {"n": 1}},
+        format="json",
+        HTTP_IDEMPOTENCY_KEY=key,
+    )
 
 
 def test_post_creates_a_job(api_client):
@@ -19,8 +24,12 @@ def test_post_creates_a_job(api_client):
     assert response.status_code == 201
     body = response.json()
     op = Operation.objects.get()
-    assert body == {"job_id": str(op.op_id), "domain": "scan", "state": "PENDING",
-                    "ws_url": f"ws://testserver/ws/jobs/{op.op_id}/"}
+    assert body == {
+        "job_id": str(op.op_id),
+        "domain": "scan",
+        "state": "PENDING",
+        "ws_url": f"ws://testserver/ws/jobs/{op.op_id}/",
+    }
     assert op.idem_key == "job-1" and op.payload == {"n": 1}
 
 
@@ -36,8 +45,9 @@ def test_invalid_body_is_400_problem_and_the_key_can_be_retried(api_client):
     assert bad.status_code == 400
     assert bad["Content-Type"] == "application/problem+json"
     assert "domain" in bad.json()["errors"]
-    malformed = api_client.post("/api/jobs/", data="{nope", content_type="application/json",
-                                HTTP_IDEMPOTENCY_KEY="j2")
+    malformed = api_client.post(
+        "/api/jobs/", data="{nope", content_type="application/json", HTTP_IDEMPOTENCY_KEY="j2"
+    )
     assert malformed.status_code == 400 and malformed.json()["status"] == 400
 
 
@@ -118,7 +128,8 @@ def test_the_demo_users_token_authenticates_the_api(settings, tmp_path):
 def test_jobs_need_a_user_whatever_the_projects_drf_defaults(settings, client):
     """A project whose REST_FRAMEWORK allows anybody by default: the jobs API still does not."""
     settings.REST_FRAMEWORK = {"EXCEPTION_HANDLER": "idempotency.problems.drf_exception_handler"}
-    response = client.post("/api/jobs/", {"domain": "scan"}, content_type="application/json",
-                           HTTP_IDEMPOTENCY_KEY="anon")
+    response = client.post(
+        "/api/jobs/", {"domain": "scan"}, content_type="application/json", HTTP_IDEMPOTENCY_KEY="anon"
+    )
     assert response.status_code in (401, 403) and response["Content-Type"] == "application/problem+json"
     assert client.get("/api/jobs/00000000-0000-0000-0000-000000000000/").status_code in (401, 403)

@@ -1,5 +1,6 @@
 """The job stream consumer through the real ASGI app: auth, parameters, backfill then live,
 reset, slow clients, and a Redis pub/sub connection killed mid-stream."""
+
 import asyncio
 import json
 
@@ -46,8 +47,17 @@ async def test_other_users_job_and_unknown_job_are_4404(job, other_cookie):
     await closed_with(socket, 4404)
 
 
-@pytest.mark.parametrize("query", ["last_seq=-1", "last_seq=abc", "last_seq=1&last_seq=2", "last_seq=",
-                                   "last_seq=99999999999999999999", "last_seq=%FF"])
+@pytest.mark.parametrize(
+    "query",
+    [
+        "last_seq=-1",
+        "last_seq=abc",
+        "last_seq=1&last_seq=2",
+        "last_seq=",
+        "last_seq=99999999999999999999",
+        "last_seq=%FF",
+    ],
+)
 async def test_bad_parameters_are_4400(job, cookie, query):
     socket = await open_socket(f"/ws/jobs/{job.op_id}/?{query}", cookie)
     await closed_with(socket, 4400)
@@ -111,8 +121,7 @@ async def test_everything_expired_resets_from_the_database(job, cookie, redis_cl
     assert reset["type"] == "reset" and reset["state"]["state"] == "PENDING" and reset["state"]["seq"] == 30
 
 
-async def test_a_slow_client_is_closed_4008_and_resumes_losing_nothing(job, cookie, settings,
-                                                                       monkeypatch):
+async def test_a_slow_client_is_closed_4008_and_resumes_losing_nothing(job, cookie, settings, monkeypatch):
     settings.GATEWAY = {"QUEUE_SIZE": 2}
     release = asyncio.Event()
     original = consumers.JobStreamConsumer._send_event
@@ -183,6 +192,7 @@ async def test_a_foreign_message_on_the_channel_stops_nothing(job, cookie, redis
 
 # --- A job that ended: the client gets its outcome, never waits for nothing ---------------------
 
+
 def _publish(job, seqs, *, final=False, route=True):
     """Publish these events of the job (the last one final when `final`), then route them."""
     from eventbus import publish_event
@@ -207,8 +217,11 @@ async def set_state(job, state):
 
 def outcome(job, state, seq):
     """A reset frame built from the database."""
-    return {"type": "reset", "recovered": False,
-            "state": {"job_id": str(job.op_id), "domain": "scan", "state": state, "seq": seq}}
+    return {
+        "type": "reset",
+        "recovered": False,
+        "state": {"job_id": str(job.op_id), "domain": "scan", "state": state, "seq": seq},
+    }
 
 
 @pytest.mark.parametrize("state", ["COMPLETED", "FAILED", "TIMED_OUT"])

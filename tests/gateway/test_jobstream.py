@@ -4,6 +4,7 @@ static files, on a page without app.js) and driven the way a user's own front en
 
 Each test watches what the client hands the app (onEvent, onReset, onError, onStatus) and, with
 Playwright, the sockets the browser really opened and the frames they really received."""
+
 import json
 import re
 from urllib.parse import parse_qs, urlparse
@@ -127,8 +128,11 @@ def record(page, name):
 
 
 def wait_status(page, name, status, timeout=20_000):
-    page.wait_for_function("([name, status]) => window.__streams[name].stream.status === status",
-                           arg=[name, status], timeout=timeout)
+    page.wait_for_function(
+        "([name, status]) => window.__streams[name].stream.status === status",
+        arg=[name, status],
+        timeout=timeout,
+    )
 
 
 def statuses(rec):
@@ -154,10 +158,14 @@ def assert_backoff(rec, steps, *, jitter=True):
         delays.append((attempt, delay))
     assert [attempt for attempt, _ in delays] == list(range(1, len(delays) + 1)), delays
     if jitter:
-        assert any(delay != min(10_000, 500 * 2 ** (attempt - 1)) for attempt, delay in delays), f"no jitter: {delays}"
+        assert any(delay != min(10_000, 500 * 2 ** (attempt - 1)) for attempt, delay in delays), (
+            f"no jitter: {delays}"
+        )
 
 
-def test_every_event_is_delivered_once_in_order_and_the_client_stops_after_the_final_one(walker, stack, browser):
+def test_every_event_is_delivered_once_in_order_and_the_client_stops_after_the_final_one(
+    walker, stack, browser
+):
     page, sockets = client_page(browser, stack)
     job = page.evaluate("payload => window.__startJob('chat', payload)", CHAT)
     page.evaluate("url => window.__watch('chat', url)", job["ws_url"])  # the API's ws:// URL, as is
@@ -174,8 +182,11 @@ def test_every_event_is_delivered_once_in_order_and_the_client_stops_after_the_f
     assert rec["errors"] == rec["resets"] == rec["dropped"] == []
     # It closed its socket itself after the final event (the server would have kept it open),
     # and opened no other.
-    wait_for(lambda: sockets.all[0]["socket"].is_closed() or page.wait_for_timeout(50), timeout=5,
-             message="the client to close its socket")
+    wait_for(
+        lambda: sockets.all[0]["socket"].is_closed() or page.wait_for_timeout(50),
+        timeout=5,
+        message="the client to close its socket",
+    )
     page.wait_for_timeout(1_000)
     assert len(sockets.all) == 1 and sockets.last_seqs() == [0]
 
@@ -199,7 +210,9 @@ def test_a_client_with_a_last_seq_gets_only_the_later_events(walker, stack, brow
 
 def test_a_refused_socket_reports_the_error_and_never_reconnects(walker, web, browser):
     page, sockets = client_page(browser, web)
-    page.evaluate(f"() => window.__watch('unknown', '/ws/jobs/{UNKNOWN_JOB}/')")  # a path: resolved on the page
+    page.evaluate(
+        f"() => window.__watch('unknown', '/ws/jobs/{UNKNOWN_JOB}/')"
+    )  # a path: resolved on the page
     page.evaluate("() => window.__watch('bad', '/ws/jobs/not-a-uuid/')")
     guest, guest_sockets = client_page(browser, web, log_in=False)
     guest.evaluate(f"() => window.__watch('guest', '/ws/jobs/{UNKNOWN_JOB}/')")
@@ -218,7 +231,8 @@ def test_a_refused_socket_reports_the_error_and_never_reconnects(walker, web, br
 
 
 def test_the_client_reconnects_with_backoff_while_the_server_is_away_and_resumes_without_duplicates(
-        walker, slow_stack, browser):
+    walker, slow_stack, browser
+):
     web = slow_stack
     page, sockets = client_page(browser, web)
     job = page.evaluate("() => window.__startJob('scan', {})")
@@ -231,16 +245,18 @@ def test_the_client_reconnects_with_backoff_while_the_server_is_away_and_resumes
 
     # Outage 1: daphne stops (every socket closes) and stays away for three reconnects.
     web.stop()
-    page.wait_for_function("window.__record('idle').statuses.filter(s => 'delay' in s.info).length >= 3",
-                           timeout=15_000)
+    page.wait_for_function(
+        "window.__record('idle').statuses.filter(s => 'delay' in s.info).length >= 3", timeout=15_000
+    )
     web.start()
     wait_status(page, "idle", "open", timeout=30_000)
     first_outage = len(record(page, "idle")["statuses"])
 
     # Outage 2: the first reconnect after an open waits the shortest delay again.
     web.stop()
-    page.wait_for_function(f"window.__record('idle').statuses.slice({first_outage}).some(s => 'delay' in s.info)",
-                           timeout=15_000)
+    page.wait_for_function(
+        f"window.__record('idle').statuses.slice({first_outage}).some(s => 'delay' in s.info)", timeout=15_000
+    )
     web.start()
     wait_status(page, "job", "closed", timeout=30_000)
     wait_status(page, "idle", "open", timeout=30_000)
@@ -270,8 +286,11 @@ def test_a_reset_frame_reaches_on_reset_and_moves_last_seq(walker, stack, browse
     job = page.evaluate("() => window.__startJob('scan', {})")
     page.evaluate("url => window.__watch('full', url)", job["ws_url"])
     wait_status(page, "full", "closed")
-    wait_for(lambda: page.request.get(f"{stack.url}/api/jobs/{job['job_id']}/").json()["state"] == "COMPLETED",
-             timeout=10, message="the job to complete")
+    wait_for(
+        lambda: page.request.get(f"{stack.url}/api/jobs/{job['job_id']}/").json()["state"] == "COMPLETED",
+        timeout=10,
+        message="the job to complete",
+    )
     keys = JobKeys("scan", job["job_id"])
 
     # The history expired; the job's state (its final event) is still there.
@@ -301,6 +320,7 @@ def test_a_reset_frame_reaches_on_reset_and_moves_last_seq(walker, stack, browse
 
 # A faulty network in front of the real gateway (Playwright relays the page's socket to daphne):
 # the client's own safety nets, which the gateway itself never makes use of.
+
 
 def relay(page, on_server_message):
     def route(socket):
@@ -333,7 +353,9 @@ def test_a_client_closed_4008_resumes_at_once_from_its_last_seq(walker, stack, b
         socket.send(message)
         if frame.get("type") == "event" and not cut:  # the gateway's words when it closes 4008
             cut.append(frame["seq"])
-            socket.send(json.dumps({"type": "error", "code": 4008, "detail": "Too slow: reconnect with last_seq."}))
+            socket.send(
+                json.dumps({"type": "error", "code": 4008, "detail": "Too slow: reconnect with last_seq."})
+            )
             socket.close(code=4008, reason="too slow")
             server.close()
 

@@ -3,6 +3,7 @@ log in, start a job, see the replay, watch the bar follow every event's `progres
 survive the server closing every socket (daphne restarted mid-job), and never show an event
 twice. Also: chat's answer streams in chunk by chunk from the page's default payload, and the
 login page and the favicon are served and styled like the page."""
+
 import json
 from urllib.parse import urljoin
 
@@ -59,7 +60,10 @@ def stack(web):
 
 
 def seqs_in_log(page):
-    return [int(s) for s in page.locator(".job .log li[data-seq]").evaluate_all("els => els.map(e => e.dataset.seq)")]
+    return [
+        int(s)
+        for s in page.locator(".job .log li[data-seq]").evaluate_all("els => els.map(e => e.dataset.seq)")
+    ]
 
 
 def expected_bars(domain, payload):
@@ -127,7 +131,11 @@ def test_start_watch_replay_and_resume(walker, stack, browser):
     assert page.locator(".job .log li.duplicate").count() == 0
     assert page.locator(".job .percent").inner_text() == "100 %"
     # After each event, live or backfilled after the restart, the bar showed that event's progress.
-    assert bars_seen(page) == expected_bars("scan", payload) == [(10, 20), (20, 40), (30, 60), (40, 80), (51, 100)]
+    assert (
+        bars_seen(page)
+        == expected_bars("scan", payload)
+        == [(10, 20), (20, 40), (30, 60), (40, 80), (51, 100)]
+    )
     page.screenshot(path=str(stack.log_path.with_suffix(".png")))
 
 
@@ -142,8 +150,11 @@ def test_chat_streams_its_answer_chunk_by_chunk_from_the_default_payload(walker,
     page.click("#start-job")
 
     # Mid-answer (about half the chunks in) the bar stands where the last chunk put it.
-    page.wait_for_function("(() => { const bar = document.querySelector('.job progress');"
-                           " return bar !== null && bar.value >= 40 && bar.value < 100; })()", timeout=15_000)
+    page.wait_for_function(
+        "(() => { const bar = document.querySelector('.job progress');"
+        " return bar !== null && bar.value >= 40 && bar.value < 100; })()",
+        timeout=15_000,
+    )
     page.screenshot(path=screenshot_path(stack, "chat-mid-job"))
     page.wait_for_function("document.querySelector('.job progress').value === 100", timeout=30_000)
     page.wait_for_selector(".job .connection[data-state=closed]")
@@ -164,7 +175,9 @@ def test_chat_streams_its_answer_chunk_by_chunk_from_the_default_payload(walker,
 def test_the_login_page_is_styled_like_the_page_and_the_favicon_is_served(web, browser):
     page = browser.new_page()
     failed = []
-    page.on("response", lambda response: response.status >= 400 and failed.append((response.status, response.url)))
+    page.on(
+        "response", lambda response: response.status >= 400 and failed.append((response.status, response.url))
+    )
     response = page.goto(f"{web.url}/")
     assert "/accounts/login/" in page.url and response.status == 200
 
@@ -185,6 +198,9 @@ def test_the_login_page_is_styled_like_the_page_and_the_favicon_is_served(web, b
         answer = page.request.get(icon)
         assert answer.status == 200 and answer.headers["content-type"].startswith("image/"), icon
     favicon = page.request.get(f"{web.url}/favicon.ico")
-    assert favicon.status == 200 and favicon.headers["content-type"] in ("image/x-icon", "image/vnd.microsoft.icon")
+    assert favicon.status == 200 and favicon.headers["content-type"] in (
+        "image/x-icon",
+        "image/vnd.microsoft.icon",
+    )
     assert favicon.body()[:4] == b"\x00\x00\x01\x00"  # an ICO file
     assert failed == []

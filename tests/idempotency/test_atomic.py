@@ -1,5 +1,6 @@
 """The answer is stored in the view's own transaction: never a COMPLETED record without
 the view's effects."""
+
 import pytest
 from django.test import Client
 

@@ -1,4 +1,5 @@
 """Races with real threads against the real database (run on PostgreSQL in CI)."""
+
 import json
 import threading
 import time
@@ -13,7 +14,6 @@ from rest_framework.test import APIClient
 from idempotency.keys import IdemKey
 from idempotency.models import IdempotencyRecord, Operation
 from idempotency.services import Command, accept
-
 from tests.processes import wait_for
 
 from . import views
@@ -70,8 +70,14 @@ def test_50_threads_post_one_key_one_execution(user):
 
 def test_50_concurrent_accepts_give_one_operation_and_one_enqueue(user):
     enqueued = []
-    command = Command(scope="-:1", idem_key=IdemKey("acc-1"), domain="scan", event_type="job.requested",
-                      payload={"x": 1}, owner=user)
+    command = Command(
+        scope="-:1",
+        idem_key=IdemKey("acc-1"),
+        domain="scan",
+        event_type="job.requested",
+        payload={"x": 1},
+        owner=user,
+    )
     results = in_threads(THREADS, lambda _: accept(command, on_accepted=enqueued.append))
     assert len({op.op_id for op, _ in results}) == 1
     assert sum(created for _, created in results) == 1
@@ -88,7 +94,9 @@ class StalledRequest(threading.Thread):
         self.user, self.path, self.key = user, path, key
         self.response = None
         self.start()
-        wait_for(lambda: views.CALLS[counter] == 1, timeout=10, message="the stalled request to enter its view")
+        wait_for(
+            lambda: views.CALLS[counter] == 1, timeout=10, message="the stalled request to enter its view"
+        )
 
     def run(self):
         try:
@@ -155,4 +163,6 @@ def test_atomic_view_that_lost_its_lease_rolls_back(user, dead_heartbeat):
     stale = stalled.release()
     assert stale.status_code == 409
     assert stale.json()["type"] == "urn:problem:idempotency-lease-lost"
-    assert Operation.objects.filter(event_type="effect").count() == 1  # the stale request's effect rolled back
+    assert (
+        Operation.objects.filter(event_type="effect").count() == 1
+    )  # the stale request's effect rolled back

@@ -6,13 +6,15 @@ from idempotency.keys import IdemKey
 from idempotency.models import IdempotencyRecord, Operation
 
 pytestmark = pytest.mark.django_db(transaction=True)
-calls = []
+calls: list = []
 
 
 @idempotent(operation="charge")
 def charge(*, invoice_id, amount, idempotency_key):
     calls.append(invoice_id)
-    Operation.objects.create(scope="charge", idem_key=f"{invoice_id}-{len(calls)}", domain="scan", event_type="charge")
+    Operation.objects.create(
+        scope="charge", idem_key=f"{invoice_id}-{len(calls)}", domain="scan", event_type="charge"
+    )
     if amount < 0:
         raise ValueError("negative amount")
     return {"charged": amount, "call": len(calls)}
@@ -77,10 +79,13 @@ def test_operations_have_separate_keyspaces():
     assert other(idempotency_key="same") == "other"
 
 
-@pytest.mark.parametrize("missing", [
-    {"idempotency_key": None},
-    {"idempotency_key": b"bytes-are-not-a-key"},
-])
+@pytest.mark.parametrize(
+    "missing",
+    [
+        {"idempotency_key": None},
+        {"idempotency_key": b"bytes-are-not-a-key"},
+    ],
+)
 def test_a_missing_or_unusable_key_is_refused_before_running(missing):
     from idempotency.keys import InvalidKey
 
@@ -122,6 +127,7 @@ def test_contradictory_markers_on_one_view_are_refused_at_import():
     from idempotency.decorators import idempotency_key
 
     with pytest.raises(ImproperlyConfigured, match="contradictory"):
+
         @idempotency_key("exempt")
         @csrf_exempt
         @idempotency_key("required")

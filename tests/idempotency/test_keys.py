@@ -5,24 +5,43 @@ import pytest
 from idempotency.keys import IdemKey, InvalidKey
 
 
-@pytest.mark.parametrize("raw, value", [
-    ("abc", "abc"),
-    ("  abc\t", "abc"),
-    ('"abc"', "abc"),
-    ('"a \\"quoted\\" \\\\ key"', 'a "quoted" \\ key'),
-    ("a" * 255, "a" * 255),
-    ("~!@#$%^&*()", "~!@#$%^&*()"),
-    ('"order-1";origin=app', "order-1"),  # an RFC 8941 Item: its parameters are not the key
-    ('"order-1"; origin="a;b"; v=2; ok=?1; t=tok/en; n=-1.5; bin=:aGk=:; flag', "order-1"),
-])
+@pytest.mark.parametrize(
+    "raw, value",
+    [
+        ("abc", "abc"),
+        ("  abc\t", "abc"),
+        ('"abc"', "abc"),
+        ('"a \\"quoted\\" \\\\ key"', 'a "quoted" \\ key'),
+        ("a" * 255, "a" * 255),
+        ("~!@#$%^&*()", "~!@#$%^&*()"),
+        ('"order-1";origin=app', "order-1"),  # an RFC 8941 Item: its parameters are not the key
+        ('"order-1"; origin="a;b"; v=2; ok=?1; t=tok/en; n=-1.5; bin=:aGk=:; flag', "order-1"),
+    ],
+)
 def test_parse_accepts_tokens_and_rfc8941_strings(raw, value):
     assert IdemKey.parse(raw).value == value
 
 
-@pytest.mark.parametrize("raw", [
-    "", "   ", '""', "a" * 256, "caf\u00e9", "tab\tinside", "nul\x00", '"unterminated', '"bad \\n escape"',
-    '"inner " quote"', "\x7f", '"abc"trailing', '"abc";Upper=1', '"abc";k=', '"abc",  "def"',
-])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "",
+        "   ",
+        '""',
+        "a" * 256,
+        "caf\u00e9",
+        "tab\tinside",
+        "nul\x00",
+        '"unterminated',
+        '"bad \\n escape"',
+        '"inner " quote"',
+        "\x7f",
+        '"abc"trailing',
+        '"abc";Upper=1',
+        '"abc";k=',
+        '"abc",  "def"',
+    ],
+)
 def test_parse_rejects_invalid_keys(raw):
     with pytest.raises(InvalidKey):
         IdemKey.parse(raw)

@@ -1,4 +1,5 @@
 """cleanup_idempotency, the admin, the system checks and the settings accessor."""
+
 from datetime import timedelta
 from io import StringIO
 
@@ -21,9 +22,15 @@ pytestmark = pytest.mark.django_db
 def record(key, expires_in, state="COMPLETED", **fields):
     now = timezone.now()
     return IdempotencyRecord.objects.create(
-        scope="-:1", key=key, fingerprint="fp", state=state, expires_at=now + timedelta(seconds=expires_in),
-        response_status=201, response_headers=[["Content-Type", "application/json"]],
-        response_body=b'{"job_id": "j-1"}', **fields,
+        scope="-:1",
+        key=key,
+        fingerprint="fp",
+        state=state,
+        expires_at=now + timedelta(seconds=expires_in),
+        response_status=201,
+        response_headers=[["Content-Type", "application/json"]],
+        response_body=b'{"job_id": "j-1"}',
+        **fields,
     )
 
 
@@ -58,16 +65,21 @@ def test_a_deleted_record_never_replays_from_the_cache(staff_client, how):
     store = CachedStore()
     acquisition = store.acquire(scope="-:1", key="del", fingerprint="fp", lease_seconds=10, ttl_seconds=100)
     store.complete(acquisition.lease, StoredResponse(201, (), b"x"))
-    assert store.acquire(scope="-:1", key="del", fingerprint="fp", lease_seconds=10,
-                         ttl_seconds=100).outcome is Outcome.REPLAY  # now cached
+    assert (
+        store.acquire(scope="-:1", key="del", fingerprint="fp", lease_seconds=10, ttl_seconds=100).outcome
+        is Outcome.REPLAY
+    )  # now cached
     records = IdempotencyRecord.objects.filter(key="del")
     if how == "queryset":
         records.delete()
     elif how == "instance":
         records.get().delete()
     elif how == "admin_bulk_delete":
-        response = staff_client.post("/admin/idempotency/idempotencyrecord/", {
-            "action": "delete_selected", "_selected_action": [records.get().pk], "post": "yes"}, follow=True)
+        response = staff_client.post(
+            "/admin/idempotency/idempotencyrecord/",
+            {"action": "delete_selected", "_selected_action": [records.get().pk], "post": "yes"},
+            follow=True,
+        )
         assert response.status_code == 200
     else:
         records.update(expires_at=timezone.now() - timedelta(seconds=1))
@@ -112,11 +124,14 @@ def test_admin_actions_forget_keys_in_database_and_cache(staff_client, action):
     from idempotency.responses import StoredResponse
 
     store.complete(acquisition.lease, StoredResponse(201, (), b"x"))
-    assert store.acquire(scope="-:1", key="gone", fingerprint="fp", lease_seconds=10,
-                         ttl_seconds=100).outcome is Outcome.REPLAY  # now cached
+    assert (
+        store.acquire(scope="-:1", key="gone", fingerprint="fp", lease_seconds=10, ttl_seconds=100).outcome
+        is Outcome.REPLAY
+    )  # now cached
     pk = IdempotencyRecord.objects.get(key="gone").pk
-    response = staff_client.post("/admin/idempotency/idempotencyrecord/",
-                                 {"action": action, "_selected_action": [pk]}, follow=True)
+    response = staff_client.post(
+        "/admin/idempotency/idempotencyrecord/", {"action": action, "_selected_action": [pk]}, follow=True
+    )
     assert response.status_code == 200
     again = store.acquire(scope="-:1", key="gone", fingerprint="fp", lease_seconds=10, ttl_seconds=100)
     assert again.outcome is Outcome.ACQUIRED  # neither the database nor the cache replays it
@@ -135,10 +150,14 @@ def test_middleware_order_check(settings):
 def test_settings_checks_and_accessor(settings):
     assert checks.check_settings() == []
     settings.IDEMPOTENCY = {"DEFAULT_POLICY": "sometimes", "METHODS": ("GET",), "TTL": -1}
-    assert {e.id for e in checks.check_settings()} == {"idempotency.E004", "idempotency.E005", "idempotency.E006"}
+    assert {e.id for e in checks.check_settings()} == {
+        "idempotency.E004",
+        "idempotency.E005",
+        "idempotency.E006",
+    }
     settings.IDEMPOTENCY = {"TYPO": 1}
     with pytest.raises(ImproperlyConfigured, match="TYPO"):
-        idempotency_settings.TTL
+        _ = idempotency_settings.TTL
     assert [e.id for e in checks.check_settings()] == ["idempotency.E003"]
     settings.IDEMPOTENCY = {"STORE": "no.such.Store"}
     assert [e.id for e in checks.check_settings()] == ["idempotency.E003"]

@@ -1,4 +1,5 @@
 """The middleware over every kind of view: keys, replays, storage rules, scopes."""
+
 import json
 import uuid
 
@@ -29,14 +30,17 @@ def problem(response):
     return body
 
 
-@pytest.mark.parametrize("path, counter", [
-    ("/t/plain/", "plain"),
-    ("/t/drf/", "drf-class"),
-    ("/t/drf-func/", "drf-func"),
-    ("/t/items/", "viewset-create"),
-    ("/t/items/special/", "viewset-special"),
-    ("/t/django-class/", "django-class"),
-])
+@pytest.mark.parametrize(
+    "path, counter",
+    [
+        ("/t/plain/", "plain"),
+        ("/t/drf/", "drf-class"),
+        ("/t/drf-func/", "drf-func"),
+        ("/t/items/", "viewset-create"),
+        ("/t/items/special/", "viewset-special"),
+        ("/t/django-class/", "django-class"),
+    ],
+)
 def test_every_kind_of_view_replays(client_for, user, path, counter):
     client = client_for(user)
     first = post(client, path, key="k-1")
@@ -206,8 +210,12 @@ def test_problem_json_for_unknown_api_paths(client_for, user):
     problem(response)
 
 
-@override_settings(IDEMPOTENCY={"STORE": "idempotency.stores.cached.CachedStore",
-                                "SCOPE_RESOLVER": "tests.idempotency.resolvers.HeaderScopeResolver"})
+@override_settings(
+    IDEMPOTENCY={
+        "STORE": "idempotency.stores.cached.CachedStore",
+        "SCOPE_RESOLVER": "tests.idempotency.resolvers.HeaderScopeResolver",
+    }
+)
 @pytest.mark.django_db(transaction=True)
 def test_cached_replay_of_a_request_makes_zero_queries():
     """With a principal that needs no database (here: a header, standing in for any
@@ -235,7 +243,9 @@ def test_a_refusal_frees_the_key_for_the_corrected_request(client_for, user, cod
 def test_jobs_api_validation_error_then_corrected_request(api_client):
     refused = api_client.post("/api/jobs/", {"domain": "nope"}, format="json", HTTP_IDEMPOTENCY_KEY="fix-job")
     assert refused.status_code == 400
-    corrected = api_client.post("/api/jobs/", {"domain": "scan"}, format="json", HTTP_IDEMPOTENCY_KEY="fix-job")
+    corrected = api_client.post(
+        "/api/jobs/", {"domain": "scan"}, format="json", HTTP_IDEMPOTENCY_KEY="fix-job"
+    )
     assert corrected.status_code == 201, corrected.content
 
 
@@ -290,6 +300,6 @@ def test_problems_link_to_their_documentation(client_for, user):
     response = post(client, "/t/plain/")
     link = response["Link"]
     assert link.endswith('>; rel="describedby"')
-    page = client.get(link[1:link.index(">")])
+    page = client.get(link[1 : link.index(">")])
     assert page.status_code == 200
     assert b"Idempotency-Key missing" in page.content and b"same key on every retry" in page.content

@@ -1,5 +1,6 @@
 """Any request that works without a key works with one: multipart forms behind the CSRF
 check, bodies over DATA_UPLOAD_MAX_MEMORY_SIZE, streamed bodies, under WSGI and ASGI."""
+
 import json
 
 import pytest
@@ -36,7 +37,9 @@ def test_form_upload_with_csrf_token_in_the_form(user, key):
     client, token = csrf_client(user)
     headers = {"HTTP_IDEMPOTENCY_KEY": key} if key else {}
     if key is None:
-        response = client.post("/t/form-upload/", {"csrfmiddlewaretoken": token, "title": "cat", "file": upload()})
+        response = client.post(
+            "/t/form-upload/", {"csrfmiddlewaretoken": token, "title": "cat", "file": upload()}
+        )
         assert response.status_code == 400  # required: no key, no upload (and never a 500)
         return
     data = {"csrfmiddlewaretoken": token, "title": "cat", "file": upload()}
@@ -57,17 +60,25 @@ def test_drf_session_upload_with_csrf_header(user):
     first = client.post("/t/drf-upload/", data, HTTP_X_CSRFTOKEN=token, HTTP_IDEMPOTENCY_KEY="drf-up")
     assert first.status_code == 201, first.content
     assert first.json()["files"] == {"file": [len(FILE)]}
-    again = client.post("/t/drf-upload/", {"title": "cat", "file": upload()}, HTTP_X_CSRFTOKEN=token,
-                        HTTP_IDEMPOTENCY_KEY="drf-up")
+    again = client.post(
+        "/t/drf-upload/",
+        {"title": "cat", "file": upload()},
+        HTTP_X_CSRFTOKEN=token,
+        HTTP_IDEMPOTENCY_KEY="drf-up",
+    )
     assert again["Idempotent-Replayed"] == "true"
     assert views.CALLS["drf-upload"] == 1
 
 
 def test_jobs_api_accepts_a_session_form_post_with_a_key(user):
     client, token = csrf_client(user)
-    response = client.post("/api/jobs/", {"domain": "scan"}, HTTP_X_CSRFTOKEN=token, HTTP_IDEMPOTENCY_KEY="form-job")
+    response = client.post(
+        "/api/jobs/", {"domain": "scan"}, HTTP_X_CSRFTOKEN=token, HTTP_IDEMPOTENCY_KEY="form-job"
+    )
     assert response.status_code == 201, response.content
-    again = client.post("/api/jobs/", {"domain": "scan"}, HTTP_X_CSRFTOKEN=token, HTTP_IDEMPOTENCY_KEY="form-job")
+    again = client.post(
+        "/api/jobs/", {"domain": "scan"}, HTTP_X_CSRFTOKEN=token, HTTP_IDEMPOTENCY_KEY="form-job"
+    )
     assert again["Idempotent-Replayed"] == "true"
     assert Operation.objects.count() == 1
 
@@ -78,8 +89,12 @@ def test_multipart_retry_with_a_new_boundary_is_the_same_request(client_for, use
 
     def send(boundary):
         body = encode_multipart(boundary, {"title": "cat", "file": upload()})
-        return client.post("/t/raw-stream/", body, content_type=f"multipart/form-data; boundary={boundary}",
-                           HTTP_IDEMPOTENCY_KEY="boundary")
+        return client.post(
+            "/t/raw-stream/",
+            body,
+            content_type=f"multipart/form-data; boundary={boundary}",
+            HTTP_IDEMPOTENCY_KEY="boundary",
+        )
 
     assert send(BOUNDARY).status_code == 201
     assert send("AnotherBoundary123")["Idempotent-Replayed"] == "true"
@@ -93,13 +108,21 @@ def test_upload_over_data_upload_max_memory_size(settings, user, key):
     settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1000
     client, token = csrf_client(user)
     headers = {"HTTP_IDEMPOTENCY_KEY": key} if key else {}
-    response = client.post("/t/drf-upload/", {"title": "big", "file": upload()}, HTTP_X_CSRFTOKEN=token, **headers)
+    response = client.post(
+        "/t/drf-upload/", {"title": "big", "file": upload()}, HTTP_X_CSRFTOKEN=token, **headers
+    )
     assert response.status_code == 201, response.content
     if key:
-        again = client.post("/t/drf-upload/", {"title": "big", "file": upload()}, HTTP_X_CSRFTOKEN=token, **headers)
+        again = client.post(
+            "/t/drf-upload/", {"title": "big", "file": upload()}, HTTP_X_CSRFTOKEN=token, **headers
+        )
         assert again["Idempotent-Replayed"] == "true"
-        changed = client.post("/t/drf-upload/", {"title": "big", "file": upload(content=FILE[::-1])},
-                              HTTP_X_CSRFTOKEN=token, **headers)
+        changed = client.post(
+            "/t/drf-upload/",
+            {"title": "big", "file": upload(content=FILE[::-1])},
+            HTTP_X_CSRFTOKEN=token,
+            **headers,
+        )
         assert changed.status_code == 422
 
 
@@ -107,12 +130,17 @@ def test_large_raw_body_is_streamed_to_the_view(settings, client_for, user):
     settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1000
     client = client_for(user)
     body = FILE * 4  # 256 KiB
-    first = client.post("/t/raw-stream/", body, content_type="application/octet-stream", HTTP_IDEMPOTENCY_KEY="raw")
+    first = client.post(
+        "/t/raw-stream/", body, content_type="application/octet-stream", HTTP_IDEMPOTENCY_KEY="raw"
+    )
     assert first.status_code == 201 and first.json()["size"] == len(body)
-    again = client.post("/t/raw-stream/", body, content_type="application/octet-stream", HTTP_IDEMPOTENCY_KEY="raw")
+    again = client.post(
+        "/t/raw-stream/", body, content_type="application/octet-stream", HTTP_IDEMPOTENCY_KEY="raw"
+    )
     assert again["Idempotent-Replayed"] == "true"
-    other = client.post("/t/raw-stream/", body[:-1], content_type="application/octet-stream",
-                        HTTP_IDEMPOTENCY_KEY="raw")
+    other = client.post(
+        "/t/raw-stream/", body[:-1], content_type="application/octet-stream", HTTP_IDEMPOTENCY_KEY="raw"
+    )
     assert other.status_code == 422
 
 
@@ -121,12 +149,17 @@ def test_api_body_over_the_limit_is_a_problem_not_an_html_page(settings, api_cli
     key), and on the API the refusal is problem+json. Nothing is stored: the key stays free."""
     settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1000
     body = json.dumps({"domain": "scan", "payload": {"blob": "x" * 5000}})
-    response = api_client.post("/api/jobs/", body, content_type="application/json", HTTP_IDEMPOTENCY_KEY="too-big")
+    response = api_client.post(
+        "/api/jobs/", body, content_type="application/json", HTTP_IDEMPOTENCY_KEY="too-big"
+    )
     assert response.status_code == 400
     assert response["Content-Type"] == "application/problem+json"
     assert response.json()["status"] == 400
     smaller = {"domain": "scan", "payload": {"blob": "x"}}
-    assert api_client.post("/api/jobs/", smaller, format="json", HTTP_IDEMPOTENCY_KEY="too-big").status_code == 201
+    assert (
+        api_client.post("/api/jobs/", smaller, format="json", HTTP_IDEMPOTENCY_KEY="too-big").status_code
+        == 201
+    )
 
 
 @pytest.mark.django_db(transaction=True)

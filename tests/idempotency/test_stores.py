@@ -1,4 +1,5 @@
 """One behaviour suite, run against every store (as django.contrib.sessions tests do)."""
+
 from datetime import timedelta
 
 import pytest
@@ -150,7 +151,12 @@ def test_cache_entry_never_outlives_its_record():
 def test_cache_down_falls_back_to_database(settings):
     store = CachedStore()
     first = acquire(store)
-    settings.CACHES = {"default": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": "redis://127.0.0.1:1/0",
-                                   "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 0.2}}}
+    settings.CACHES = {
+        "default": {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": "redis://127.0.0.1:1/0",
+            "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 0.2},
+        }
+    }
     assert store.complete(first.lease, ANSWER)
     assert acquire(store).outcome is Outcome.REPLAY

@@ -1,7 +1,8 @@
 from django.urls import include, path
 from rest_framework.routers import SimpleRouter
 
-from config.urls import handler400, handler403, handler404, handler500, urlpatterns as project_urls  # noqa: F401
+from config.urls import handler400, handler403, handler404, handler500  # noqa: F401
+from config.urls import urlpatterns as project_urls
 
 from . import views
 

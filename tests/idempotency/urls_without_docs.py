@@ -1,4 +1,5 @@
 """A project that did not include idempotency.urls."""
+
 from django.urls import path
 
 from . import views

@@ -1,4 +1,5 @@
 """Views of every kind the idempotency layer must cover, for tests/idempotency."""
+
 import threading
 import uuid
 from collections import Counter
@@ -16,7 +17,7 @@ from rest_framework.views import APIView
 from idempotency.decorators import idempotency_key
 from idempotency.models import Operation
 
-CALLS = Counter()
+CALLS: Counter[str] = Counter()
 _lock = threading.Lock()
 # Set by tests that need a view to block until they let it go. One-shot: the first
 # request that asks for a gate takes it; later ones run straight through.
@@ -171,7 +172,9 @@ class DrfUpload(APIView):
     @idempotency_key("optional")
     def post(self, request):
         files = {name: [f.size for f in request.FILES.getlist(name)] for name in request.FILES}
-        return Response({"n": executed("drf-upload"), "data": request.POST.dict(), "files": files}, status=201)
+        return Response(
+            {"n": executed("drf-upload"), "data": request.POST.dict(), "files": files}, status=201
+        )
 
 
 @idempotency_key("required")

@@ -8,6 +8,7 @@ database (rest_framework.authtoken); it is created once and the same one printed
     python manage.py ensure_demo_user            # both, for the `make run` banner
     TOKEN=$(python manage.py ensure_demo_user --token)   # the token alone, for scripts
 """
+
 import secrets
 
 from django.conf import settings

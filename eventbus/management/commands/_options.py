@@ -1,4 +1,5 @@
 """Options the bus's long-running commands share, written once."""
+
 from django.core.management.base import CommandError
 
 from eventbus import metrics
@@ -9,7 +10,9 @@ from eventbus.redis import get_redis
 
 def add_loop_options(parser, *, burst_help: str) -> None:
     parser.add_argument("--burst", action="store_true", help=burst_help)
-    parser.add_argument("--metrics-port", type=int, help="Serve this process's Prometheus metrics on this port.")
+    parser.add_argument(
+        "--metrics-port", type=int, help="Serve this process's Prometheus metrics on this port."
+    )
 
 
 def add_domain_options(parser) -> None:

@@ -18,7 +18,7 @@ class Command(BaseCommand):
         try:
             letters = redrive(domain, dry_run=dry_run)
         except UnknownDomain as exc:
-            raise CommandError(str(exc))
+            raise CommandError(str(exc)) from None
         done = 0
         for letter in letters:
             where = f"{letter.stream_key} {letter.original_stream_id}"

@@ -19,9 +19,28 @@ class Command(BaseCommand):
         parser.add_argument("--count", type=int, help="Entries per XAUTOCLAIM page.")
         parser.add_argument("--max-deliveries", type=int, help="Dead-letter entries delivered more often.")
 
-    def handle(self, *args, burst, interval, min_idle_ms, count, max_deliveries, group, domains, metrics_port,
-               **options):
-        run_worker(lambda: Reclaimer(
-            streams=stream_configs(domain_list(domains)), group=group, min_idle_ms=min_idle_ms, count=count,
-            max_deliveries=max_deliveries, interval=interval, burst=burst,
-        ), metrics_port=metrics_port)
+    def handle(
+        self,
+        *args,
+        burst,
+        interval,
+        min_idle_ms,
+        count,
+        max_deliveries,
+        group,
+        domains,
+        metrics_port,
+        **options,
+    ):
+        run_worker(
+            lambda: Reclaimer(
+                streams=stream_configs(domain_list(domains)),
+                group=group,
+                min_idle_ms=min_idle_ms,
+                count=count,
+                max_deliveries=max_deliveries,
+                interval=interval,
+                burst=burst,
+            ),
+            metrics_port=metrics_port,
+        )

@@ -21,7 +21,15 @@ class Command(BaseCommand):
 
     def handle(self, *args, burst, consumer, group, count, block_ms, domains, metrics_port, **options):
         consumer = consumer or default_consumer()
-        run_worker(lambda: Router(
-            domains=domain_list(domains), group=group, consumer=consumer, count=count, block_ms=block_ms,
-            burst=burst, client=make_redis(client_name=f"run_router:{consumer}"),
-        ), metrics_port=metrics_port)
+        run_worker(
+            lambda: Router(
+                domains=domain_list(domains),
+                group=group,
+                consumer=consumer,
+                count=count,
+                block_ms=block_ms,
+                burst=burst,
+                client=make_redis(client_name=f"run_router:{consumer}"),
+            ),
+            metrics_port=metrics_port,
+        )
