@@ -29,6 +29,7 @@ def simulated_work(seconds: float) -> None:
 
 class ScanJob(JobType):
     name = "scan"
+    description = "scan reads no payload field: its stages are simulated."
     stages = (
         Stage("vision", "Reading the image"),
         Stage("rule", "Applying the rules"),
@@ -56,6 +57,8 @@ class ScanJob(JobType):
 
 class ChatJob(JobType):
     name = "chat"
+    description = 'chat reads "prompt": what its streamed answer is about.'
+    example_payload = {"prompt": "exactly-once delivery"}
     # The seed's numbering: the answer range is 30-39, as in a scan.
     stages = (Stage("answer", "Answering", first_seq=30, width=MAX_CHUNKS),)
 

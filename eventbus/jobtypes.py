@@ -139,6 +139,9 @@ class JobType:
     # Shards of this type's stream (EVENTBUS["DOMAINS"] may override it).
     shards: ClassVar[int] = 4
     final_label: ClassVar[str] = "Done"
+    # For the page's form: what to say of the type, and a payload it accepts.
+    description: ClassVar[str] = ""
+    example_payload: ClassVar[dict] = {}
 
     def clean_payload(self, payload: dict) -> dict:
         """The payload to accept, or raise InvalidPayload. Default: any JSON object."""

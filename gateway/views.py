@@ -9,13 +9,28 @@ from django.views.decorators.cache import cache_control
 from django.views.decorators.csrf import ensure_csrf_cookie
 from django.views.decorators.http import require_safe
 
+from eventbus.jobtypes import FINAL_STAGE, registry
+
 FAVICON = Path(__file__).resolve().parent / "static" / "gateway" / "favicon.ico"
 
 
 @login_required
 @ensure_csrf_cookie  # the page's fetch() sends the token back in X-CSRFToken
 def index(request):
-    return render(request, "gateway/index.html")
+    return render(request, "gateway/index.html", {"job_types": job_types()})
+
+
+def job_types() -> list[dict]:
+    """Every registered job type as the page needs it: stages in order, then the final one."""
+    return [
+        {
+            "name": name,
+            "stages": [planned.name for planned in job_type.plan()] + [FINAL_STAGE],
+            "example_payload": job_type.example_payload,
+            "description": job_type.description,
+        }
+        for name, job_type in registry().items()  # in registration order: the demo's first is scan
+    ]
 
 
 @require_safe

@@ -133,3 +133,20 @@ def test_jobs_need_a_user_whatever_the_projects_drf_defaults(settings, client):
     )
     assert response.status_code in (401, 403) and response["Content-Type"] == "application/problem+json"
     assert client.get("/api/jobs/00000000-0000-0000-0000-000000000000/").status_code in (401, 403)
+
+
+@pytest.mark.django_db
+def test_the_page_offers_every_registered_job_type_with_its_stages(client, user):
+    import json
+    import re
+
+    client.force_login(user)
+    page = client.get("/").content.decode()
+    declared = json.loads(
+        re.search(r'<script id="job-types" type="application/json">(.*?)</script>', page, re.S)[1]
+    )
+    by_name = {t["name"]: t for t in declared}
+    assert {"scan", "chat", "staged"} <= set(by_name)  # staged: the test suite's own job type
+    assert by_name["staged"]["stages"] == ["first", "second", "third", "done"]
+    assert by_name["chat"]["example_payload"] == {"prompt": "exactly-once delivery"}
+    assert '<option value="staged">staged</option>' in page

@@ -4,21 +4,13 @@
 // the pipelines set on every event.
 "use strict";
 
-const STAGES = {
-  scan: ["vision", "rule", "answer", "reward", "done"],
-  chat: ["answer", "done"],
-};
-const FINAL_SEQ = 51;
-// The payload each job type reads (README, "The jobs API"): scan reads no field, chat reads
-// "prompt". The page offers it, so that a job started with the defaults does what it says.
-const DEFAULT_PAYLOADS = {
-  scan: {},
-  chat: { prompt: "exactly-once delivery" },
-};
-const PAYLOAD_HINTS = {
-  scan: "scan reads no payload field: its stages are simulated.",
-  chat: 'chat reads "prompt": what its streamed answer is about.',
-};
+// Every registered job type, as the server declares it (gateway.views.index): its stages in
+// order (the final "done" last), the payload it reads, and a word about it. The page offers the
+// example payload, so that a job started with the defaults does what it says.
+const JOB_TYPES = JSON.parse(document.getElementById("job-types").textContent);
+const STAGES = Object.fromEntries(JOB_TYPES.map((t) => [t.name, t.stages]));
+const DEFAULT_PAYLOADS = Object.fromEntries(JOB_TYPES.map((t) => [t.name, t.example_payload]));
+const PAYLOAD_HINTS = Object.fromEntries(JOB_TYPES.map((t) => [t.name, t.description]));
 
 function csrfToken() {
   const match = document.cookie.match(/(?:^|; )csrftoken=([^;]+)/);
@@ -66,7 +58,7 @@ domainSelect.addEventListener("change", () => {
   offerPayload(shownDomain);
   shownDomain = domainSelect.value;
 });
-offerPayload(shownDomain);
+offerPayload(null); // the input's initial "{}" is the page's own: replace it
 
 document.getElementById("start-job").addEventListener("click", () => {
   let payload;
@@ -156,10 +148,11 @@ function logLine(state, text, className) {
 function showProgress(state, stage, seq, data) {
   const stages = STAGES[state.job.domain] || [];
   const index = stages.indexOf(stage);
+  const final = Boolean(data && data.final);
   for (const chip of state.card.querySelectorAll(".stage")) {
     const chipIndex = stages.indexOf(chip.dataset.stage);
-    chip.classList.toggle("done", chipIndex < index || seq >= FINAL_SEQ);
-    chip.classList.toggle("active", chipIndex === index && seq < FINAL_SEQ);
+    chip.classList.toggle("done", chipIndex < index || final);
+    chip.classList.toggle("active", chipIndex === index && !final);
   }
   // The event says how far the job is; the page does not guess it from the stage, which put
   // scan a stage behind and kept chat at 0 % through its whole answer. An event without a
@@ -168,7 +161,7 @@ function showProgress(state, stage, seq, data) {
   let percent = state.progress;
   if (typeof reported === "number" && Number.isFinite(reported)) {
     percent = Math.min(100, Math.max(0, reported));
-  } else if (seq >= FINAL_SEQ) {
+  } else if (final) {
     percent = 100;
   }
   state.progress = percent;
