@@ -37,7 +37,9 @@ def _classified(result):
 class LuaScript:
     def __init__(self, name: str):
         self.name = name
-        self.source = (resources.files("eventbus") / "lua" / f"{name}.lua").read_text()
+        folder = resources.files("eventbus") / "lua"
+        # Redis scripts cannot import: the checks every script shares are prepended.
+        self.source = (folder / "_prelude.lua").read_text() + (folder / f"{name}.lua").read_text()
         self.sha = hashlib.sha1(self.source.encode()).hexdigest()
 
     def __repr__(self):

@@ -16,12 +16,7 @@
 -- Every check and read comes before the first write, and the dead letter is added before the
 -- entry is acked: Redis keeps what a script wrote before an error, so an ACK followed by a
 -- failing XADD would lose the entry.
-local function wrong_type(key, expected)
-  local found = redis.call('TYPE', key)['ok']
-  if found ~= expected and found ~= 'none' then
-    return redis.error_reply('CORRUPT ' .. key .. ' holds a ' .. found .. ', not a ' .. expected)
-  end
-end
+-- wrong_type(key, expected): eventbus/lua/_prelude.lua, prepended when loaded.
 local corrupt = wrong_type(KEYS[1], 'stream') or wrong_type(KEYS[2], 'stream')
 if corrupt then
   return corrupt

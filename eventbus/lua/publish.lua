@@ -27,12 +27,7 @@
 -- Every check and read comes before the first write: Redis keeps what a script wrote before an
 -- error, so a script that failed half-way would leave a partial event (a dedup key without its
 -- entry: the retry is dropped as a duplicate).
-local function wrong_type(key, expected)
-  local found = redis.call('TYPE', key)['ok']
-  if found ~= expected and found ~= 'none' then
-    return redis.error_reply('CORRUPT ' .. key .. ' holds a ' .. found .. ', not a ' .. expected)
-  end
-end
+-- wrong_type(key, expected): eventbus/lua/_prelude.lua, prepended when loaded.
 local corrupt = wrong_type(KEYS[1], 'string') or wrong_type(KEYS[2], 'string')
   or wrong_type(KEYS[3], 'string') or wrong_type(KEYS[4], 'stream')
 if corrupt then

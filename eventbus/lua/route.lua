@@ -25,12 +25,7 @@
 -- Every check and read comes before the first write: Redis keeps what a script wrote before an
 -- error, so an applied seq written before a failing ZADD would make the retry a "duplicate",
 -- acked without ever being in the history or published.
-local function wrong_type(key, expected)
-  local found = redis.call('TYPE', key)['ok']
-  if found ~= expected and found ~= 'none' then
-    return redis.error_reply('CORRUPT ' .. key .. ' holds a ' .. found .. ', not a ' .. expected)
-  end
-end
+-- wrong_type(key, expected): eventbus/lua/_prelude.lua, prepended when loaded.
 local corrupt = wrong_type(KEYS[1], 'string') or wrong_type(KEYS[2], 'string')
   or wrong_type(KEYS[3], 'string') or wrong_type(KEYS[4], 'zset') or wrong_type(KEYS[5], 'stream')
 if corrupt then

@@ -68,10 +68,12 @@ def check_wheel(wheel: Path) -> None:
     for required in (
         "eventbus/lua/publish.lua",
         "eventbus/lua/route.lua",
+        "eventbus/lua/_prelude.lua",
         "eventbus/migrations/0001_initial.py",
         "idempotency/migrations/0001_initial.py",
         "eventbus/management/commands/run_router.py",
         "gateway/static/gateway/app.js",
+        "gateway/static/gateway/jobstream.js",
         "gateway/templates/gateway/index.html",
         "gateway/templates/gateway/login.html",
     ):
