@@ -56,19 +56,23 @@ def test_cleanup_at_verbosity_0_prints_nothing():
     assert not IdempotencyRecord.objects.exists()
 
 
+def cached_replay(key: str) -> CachedStore:
+    """A completed record of `key` whose replay is now in the cache; the store."""
+    from idempotency.responses import StoredResponse
+
+    store = CachedStore()
+    acquisition = store.acquire(scope="-:1", key=key, fingerprint="fp", lease_seconds=10, ttl_seconds=100)
+    store.complete(acquisition.lease, StoredResponse(201, (), b"x"))
+    again = store.acquire(scope="-:1", key=key, fingerprint="fp", lease_seconds=10, ttl_seconds=100)
+    assert again.outcome is Outcome.REPLAY
+    return store
+
+
 @override_settings(IDEMPOTENCY={"STORE": "idempotency.stores.cached.CachedStore"})
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("how", ["queryset", "instance", "admin_bulk_delete", "cleanup"])
 def test_a_deleted_record_never_replays_from_the_cache(staff_client, how):
-    from idempotency.responses import StoredResponse
-
-    store = CachedStore()
-    acquisition = store.acquire(scope="-:1", key="del", fingerprint="fp", lease_seconds=10, ttl_seconds=100)
-    store.complete(acquisition.lease, StoredResponse(201, (), b"x"))
-    assert (
-        store.acquire(scope="-:1", key="del", fingerprint="fp", lease_seconds=10, ttl_seconds=100).outcome
-        is Outcome.REPLAY
-    )  # now cached
+    store = cached_replay("del")
     records = IdempotencyRecord.objects.filter(key="del")
     if how == "queryset":
         records.delete()
@@ -119,15 +123,7 @@ def test_admin_lists_searches_filters_and_shows_the_stored_response(staff_client
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("action", ["evict", "expire_now"])
 def test_admin_actions_forget_keys_in_database_and_cache(staff_client, action):
-    store = CachedStore()
-    acquisition = store.acquire(scope="-:1", key="gone", fingerprint="fp", lease_seconds=10, ttl_seconds=100)
-    from idempotency.responses import StoredResponse
-
-    store.complete(acquisition.lease, StoredResponse(201, (), b"x"))
-    assert (
-        store.acquire(scope="-:1", key="gone", fingerprint="fp", lease_seconds=10, ttl_seconds=100).outcome
-        is Outcome.REPLAY
-    )  # now cached
+    store = cached_replay("gone")
     pk = IdempotencyRecord.objects.get(key="gone").pk
     response = staff_client.post(
         "/admin/idempotency/idempotencyrecord/", {"action": action, "_selected_action": [pk]}, follow=True
