@@ -1,6 +1,7 @@
 """The benchmarks' own database: a SQLite file in the temporary directory, or a database created
 on a PostgreSQL server and dropped at the end. Shared by bench/idempotency.py and bench/gateway.py.
 """
+
 from __future__ import annotations
 
 import os
@@ -82,7 +83,8 @@ class BenchDatabase:
 
         with psycopg.connect(conninfo(self.server_url), autocommit=True) as conn:
             rows = conn.execute(
-                "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()", (self.name,)
+                "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+                (self.name,),
             ).fetchall()
         return [pid for (pid,) in rows if Path(f"/proc/{pid}").exists()]
 

@@ -81,7 +81,7 @@ class Child:
         self.log_path = log_dir / f"{name}.log"
         self.process: subprocess.Popen | None = None
 
-    def start(self) -> "Child":
+    def start(self) -> Child:
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 self.command,
@@ -698,7 +698,7 @@ async def latency_run(ctx, args, run: int, profile: bool = False) -> dict:
         cwd=ROOT,
         env=ctx["env"],
         stdout=subprocess.PIPE,
-        stderr=open(ctx["log_dir"] / f"publisher-{run}.log", "wb"),
+        stderr=open(ctx["log_dir"] / f"publisher-{run}.log", "wb"),  # noqa: SIM115 (the process owns it)
         start_new_session=True,
         text=True,
     )
@@ -1252,7 +1252,9 @@ def main() -> None:
 
         def owners() -> dict[str, int]:
             found = {"daphne": daphne.pid, "router": router.pid, "bench": os.getpid()}
-            found.update({"publisher": p.pid for p in ctx["publishers"] if p.poll() is None})
+            found.update(
+                {f"publisher-{i}": p.pid for i, p in enumerate(ctx["publishers"]) if p.poll() is None}
+            )
             return found
 
         ctx.update(
@@ -1314,7 +1316,7 @@ def main() -> None:
         "",
     )
     info = {
-        "when": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "when": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "command": " ".join([".venv/bin/python", "bench/gateway.py", *sys.argv[1:]]),
         "nproc": os.cpu_count(),
         "cpu": cpu,

@@ -25,6 +25,7 @@ bench/REPORT-idempotency.md and the raw figures to bench/results/.
 Needs the packages of bench/requirements.txt (gunicorn and the two peers); `make bench`
 installs them into the virtualenv first.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,7 +64,6 @@ BODY = json.dumps({"domain": "scan", "payload": {"source": "bench", "items": [1,
 # --- the server -----------------------------------------------------------------------------
 
 
-
 def children(pid: int) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():
@@ -80,11 +80,14 @@ class CpuMeter:
     """CPU seconds used by the server's processes, the bench database's PostgreSQL backends
     and Redis while a scenario runs: what a request costs, whatever else the machine runs."""
 
-    def __init__(self, server: "Server", redis_pid: int, db: "BenchDatabase"):
+    def __init__(self, server: Server, redis_pid: int, db: BenchDatabase):
         self.server, self.redis_pid, self.db = server, redis_pid, db
 
     def _pids(self) -> dict[str, list[int]]:
-        pids = {"server": [self.server.process.pid, *children(self.server.process.pid)], "redis": [self.redis_pid]}
+        pids = {
+            "server": [self.server.process.pid, *children(self.server.process.pid)],
+            "redis": [self.redis_pid],
+        }
         pids["postgres"] = self.db.backend_pids() if self.db.vendor == "postgresql" else []
         return pids
 
@@ -103,15 +106,37 @@ class Server:
         self.port, self.log = port, log
         if kind == "gunicorn":
             self.command = [
-                sys.executable, "-m", "gunicorn", "--bind", f"127.0.0.1:{port}",
-                "--worker-class", "gthread", "--workers", str(workers), "--threads", str(threads),
-                "--keep-alive", "75", "--backlog", "2048", "--log-level", "warning",
+                sys.executable,
+                "-m",
+                "gunicorn",
+                "--bind",
+                f"127.0.0.1:{port}",
+                "--worker-class",
+                "gthread",
+                "--workers",
+                str(workers),
+                "--threads",
+                str(threads),
+                "--keep-alive",
+                "75",
+                "--backlog",
+                "2048",
+                "--log-level",
+                "warning",
                 "django.core.wsgi:get_wsgi_application()",
             ]
             self.description = f"gunicorn gthread, {workers} workers x {threads} threads (WSGI)"
         else:
             self.command = [
-                sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "-v", "0",
+                sys.executable,
+                "-m",
+                "daphne",
+                "-b",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "-v",
+                "0",
                 "config.asgi:application",
             ]
             self.description = "daphne, 1 process (ASGI, Django's thread per request)"
@@ -119,9 +144,13 @@ class Server:
         self.process = None
 
     def start(self, timeout: float = 30.0) -> None:
-        self._log_file = open(self.log, "wb")
+        self._log_file = open(self.log, "wb")  # noqa: SIM115 (closed in stop())
         self.process = subprocess.Popen(
-            self.command, cwd=ROOT, env=self.env, stdout=self._log_file, stderr=subprocess.STDOUT,
+            self.command,
+            cwd=ROOT,
+            env=self.env,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
         deadline = time.monotonic() + timeout
@@ -151,6 +180,7 @@ class Server:
 
 # --- the load -------------------------------------------------------------------------------
 
+
 @dataclass
 class Scenario:
     name: str
@@ -166,8 +196,14 @@ SCENARIOS = [
     Scenario("ours:first", "/api/jobs/", "ours", label="ours: first requests"),
     Scenario("ours:replay", "/api/jobs/", "ours", replay=True, replay_header=True, label="ours: replays"),
     Scenario("drf-idem:first", "/bench/drf-idem/", "drf-idem", label="drf-idempotency: first requests"),
-    Scenario("drf-idem:replay", "/bench/drf-idem/", "drf-idem", replay=True, replay_header=True,
-             label="drf-idempotency: replays"),
+    Scenario(
+        "drf-idem:replay",
+        "/bench/drf-idem/",
+        "drf-idem",
+        replay=True,
+        replay_header=True,
+        label="drf-idempotency: replays",
+    ),
     Scenario("dik:first", "/bench/dik/", "dik", label="django-idempotency-key: first requests"),
     Scenario("dik:replay", "/bench/dik/", "dik", replay=True, label="django-idempotency-key: replays"),
 ]
@@ -296,6 +332,7 @@ async def read_response(reader) -> tuple[int, dict, bytes]:
 
 # --- the report -----------------------------------------------------------------------------
 
+
 def machine(db: BenchDatabase, server: Server) -> dict:
     cpu = ""
     try:
@@ -305,9 +342,10 @@ def machine(db: BenchDatabase, server: Server) -> dict:
                 break
     except OSError:
         pass
+    from importlib.metadata import version
+
     import django
     import drf_idempotency
-    from importlib.metadata import version
 
     return {
         "nproc": os.cpu_count(),
@@ -317,7 +355,7 @@ def machine(db: BenchDatabase, server: Server) -> dict:
         "database": db.version,
         "server": server.description,
         "peers": f"drf-idempotency {drf_idempotency.__version__}, "
-                 f"django-idempotency-key {version('django-idempotency-key')}",
+        f"django-idempotency-key {version('django-idempotency-key')}",
     }
 
 
@@ -335,7 +373,10 @@ def summarise(runs: dict[str, list[Run]]) -> dict[str, dict]:
             "p50": statistics.median(r.pct(0.50) for r in rs),
             "p99": statistics.median(r.pct(0.99) for r in rs),
             "requests": sum(r.ok for r in rs),
-            "cpu_ms": {part: statistics.median(r.cpu_ms(part) for r in rs) for part in ("server", "postgres", "redis")},
+            "cpu_ms": {
+                part: statistics.median(r.cpu_ms(part) for r in rs)
+                for part in ("server", "postgres", "redis")
+            },
             "errors": errors,
             "error_sample": next((r.error_sample for r in rs if r.error_sample), ""),
         }
@@ -377,10 +418,14 @@ def render(summary, check_rows, meta) -> str:
             f"{cpu['server']:.2f} + {cpu['postgres']:.2f} + {cpu['redis']:.2f} = {sum(cpu.values()):.2f} | "
             f"{s['requests']} | {errors} |"
         )
-    out += ["", "| SPEC §9 target (ratio: median over rounds of the ratio within a round) | ratio | target | result |",
-            "|---|---:|---:|---|"]
+    out += [
+        "",
+        "| SPEC §9 target (ratio: median over rounds of the ratio within a round) | ratio | target | result |",
+        "|---|---:|---:|---|",
+    ]
     for name, value, target, ok in check_rows:
         out.append(f"| {name} | {value:.3f} | {target} | {'PASS' if ok else 'MISS'} |")
+
     def cpu(name):
         return statistics.median(summary[name]["cpu_rounds"])
 
@@ -391,25 +436,30 @@ def render(summary, check_rows, meta) -> str:
         f"({(cpu('ours:first') / cpu('baseline') - 1) * 100:+.0f}%); ours replays {cpu('ours:replay'):.2f} ms. "
         "CPU ms/request divides the CPU a scenario used by its expected answers (errors' CPU included).",
         "",
-        "Requests/s per round (median above): " + "; ".join(f"{name} {s['rps_rounds']}" for name, s in summary.items()),
+        "Requests/s per round (median above): "
+        + "; ".join(f"{name} {s['rps_rounds']}" for name, s in summary.items()),
     ]
     return "\n".join(out)
 
 
 def write_report(table: str, meta: dict) -> None:
-    section = "\n".join([
-        BEGIN,
-        f"Run of {meta['date']}, command: `{meta['command']}`",
-        "",
-        f"Machine: {meta['nproc']} CPUs ({meta['cpu']}), Python {meta['python']}, Django {meta['django']}, "
-        f"{meta['database']}, Redis {meta['redis']}; server: {meta['server']}; client: {meta['client']}; "
-        f"peers: {meta['peers']}. Load average of the machine (1 min): {meta['load']} "
-        f"(on {meta['nproc']} CPUs; anything above what this bench uses is other work competing for them).",
-        "",
-        table,
-        END,
-    ])
-    text = REPORT.read_text() if REPORT.exists() else "# Idempotency benchmark\n\n" + BEGIN + "\n" + END + "\n"
+    section = "\n".join(
+        [
+            BEGIN,
+            f"Run of {meta['date']}, command: `{meta['command']}`",
+            "",
+            f"Machine: {meta['nproc']} CPUs ({meta['cpu']}), Python {meta['python']}, Django {meta['django']}, "
+            f"{meta['database']}, Redis {meta['redis']}; server: {meta['server']}; client: {meta['client']}; "
+            f"peers: {meta['peers']}. Load average of the machine (1 min): {meta['load']} "
+            f"(on {meta['nproc']} CPUs; anything above what this bench uses is other work competing for them).",
+            "",
+            table,
+            END,
+        ]
+    )
+    text = (
+        REPORT.read_text() if REPORT.exists() else "# Idempotency benchmark\n\n" + BEGIN + "\n" + END + "\n"
+    )
     if BEGIN in text and END in text:
         head, rest = text.split(BEGIN, 1)
         text = head + section + rest.split(END, 1)[1]
@@ -419,6 +469,7 @@ def write_report(table: str, meta: dict) -> None:
 
 
 # --- main -----------------------------------------------------------------------------------
+
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -435,8 +486,11 @@ def main() -> int:
 
     missing = [m for m in ("gunicorn", "drf_idempotency", "idempotency_key") if not _importable(m)]
     if missing:
-        print(f"missing {', '.join(missing)}: run `{sys.executable} -m pip install -r bench/requirements.txt`"
-              " (or `make bench`)", file=sys.stderr)
+        print(
+            f"missing {', '.join(missing)}: run `{sys.executable} -m pip install -r bench/requirements.txt`"
+            " (or `make bench`)",
+            file=sys.stderr,
+        )
         return 2
 
     from config.redis_server import RedisServer
@@ -451,8 +505,12 @@ def main() -> int:
         db.create()
         redis_server = RedisServer().start()
         env = {
-            **os.environ, "DJANGO_SETTINGS_MODULE": "bench.settings", "DATABASE_URL": db.url,
-            "REDIS_URL": redis_server.url, "PYTHONPATH": str(ROOT), "BENCH_SERVER": args.server,
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "bench.settings",
+            "DATABASE_URL": db.url,
+            "REDIS_URL": redis_server.url,
+            "PYTHONPATH": str(ROOT),
+            "BENCH_SERVER": args.server,
         }
         if args.server == "daphne" or args.workers == 1:
             env["BENCH_ONE_PROCESS"] = "1"  # django-idempotency-key's in-process lock suffices
@@ -480,9 +538,11 @@ def main() -> int:
             for sc in order:
                 run = _measure(load, sc, args.duration, f"r{rnd}", meter)
                 runs[sc.name].append(run)
-                print(f"  {sc.name:16} {run.rps:8.1f} req/s  p50 {run.pct(0.5):6.1f} ms  "
-                      f"p99 {run.pct(0.99):6.1f} ms  CPU/req {run.cpu_ms():5.2f} ms  "
-                      f"errors {sum(run.errors.values())}")
+                print(
+                    f"  {sc.name:16} {run.rps:8.1f} req/s  p50 {run.pct(0.5):6.1f} ms  "
+                    f"p99 {run.pct(0.99):6.1f} ms  CPU/req {run.cpu_ms():5.2f} ms  "
+                    f"errors {sum(run.errors.values())}"
+                )
 
         summary = summarise(runs)
         for name, s in summary.items():
@@ -493,12 +553,12 @@ def main() -> int:
         check_rows = checks(summary)
         meta = {
             **machine(db, server),
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "command": shlex.join([_python(), "bench/idempotency.py", *sys.argv[1:]]),
             "load": f"{load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after",
             "redis": _redis_version(redis_server.url),
             "client": f"asyncio, {args.connections} keep-alive connections, {args.rounds} rounds x "
-                      f"{args.duration:g} s per scenario (rotating order) after {args.warmup:g} s warm-up",
+            f"{args.duration:g} s per scenario (rotating order) after {args.warmup:g} s warm-up",
         }
         table = render(summary, check_rows, meta)
         print()
@@ -508,8 +568,9 @@ def main() -> int:
             print(f"{'PASS' if ok else 'MISS'}  {name}: {value:.3f} (target {target})")
         RESULTS_DIR.mkdir(exist_ok=True)
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-        (RESULTS_DIR / f"idempotency-{stamp}.json").write_text(json.dumps(
-            {"meta": meta, "summary": summary, "checks": check_rows}, indent=2))
+        (RESULTS_DIR / f"idempotency-{stamp}.json").write_text(
+            json.dumps({"meta": meta, "summary": summary, "checks": check_rows}, indent=2)
+        )
         if not args.no_report:
             write_report(table, meta)
             print(f"\nwritten: {REPORT.relative_to(ROOT)}")
@@ -570,7 +631,9 @@ def _redis_version(url: str) -> str:
 
 def _python() -> str:
     try:
-        return os.path.relpath(sys.executable, ROOT) if Path(sys.executable).is_relative_to(ROOT) else "python"
+        return (
+            os.path.relpath(sys.executable, ROOT) if Path(sys.executable).is_relative_to(ROOT) else "python"
+        )
     except ValueError:
         return "python"
 

@@ -1,4 +1,5 @@
 """What /proc says about processes, for the benchmarks' CPU accounting."""
+
 import os
 from pathlib import Path
 

@@ -18,6 +18,7 @@ logging, and the two PyPI peers configured as their READMEs say, each on its own
 Environment (set by bench/idempotency.py): DATABASE_URL (the bench's own database),
 REDIS_URL (its private Redis).
 """
+
 import os
 
 from config.settings.base import *  # noqa: F401,F403
@@ -53,7 +54,9 @@ IDEMPOTENCY_KEY = {
         "CACHE_NAME": "idempotency_key",
     },
     # One server process (--workers 1, daphne): its default ThreadLock is enough and right.
-    "LOCK": {"CLASS": "idempotency_key.locks.basic.ThreadLock"} if os.environ.get("BENCH_ONE_PROCESS") else {
+    "LOCK": {"CLASS": "idempotency_key.locks.basic.ThreadLock"}
+    if os.environ.get("BENCH_ONE_PROCESS")
+    else {
         "CLASS": "idempotency_key.locks.redis.MultiProcessRedisLock",
         "LOCATION": REDIS_URL,
     },

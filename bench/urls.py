@@ -7,6 +7,7 @@ under each idempotency layer. Every variant runs gateway.api.JobListView.post it
     /bench/drf-idem/      drf-idempotency's middleware (confined to this URL, see below)
     /bench/dik/           django-idempotency-key's @idempotency_key on the same view
 """
+
 import drf_idempotency.settings as _drf_idempotency_settings
 from django.urls import include, path
 from drf_idempotency.middleware import IdempotencyMiddleware as DrfIdempotencyMiddleware

@@ -8,6 +8,7 @@ The database: a SQLite file in a temporary folder, or, when DATABASE_URL names a
 server, a database `chaos_<pid>` created there (dropped at the end). Exit status 0 when every
 guarantee held, 1 otherwise.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,14 @@ def private_database(folder: Path) -> tuple[str, callable]:
     import psycopg
 
     name = f"chaos_{os.getpid()}"
-    admin = dict(host=config["HOST"] or "127.0.0.1", port=config["PORT"] or 5432, user=config["USER"],
-                 password=config["PASSWORD"] or None, dbname="postgres", autocommit=True)
+    admin = dict(
+        host=config["HOST"] or "127.0.0.1",
+        port=config["PORT"] or 5432,
+        user=config["USER"],
+        password=config["PASSWORD"] or None,
+        dbname="postgres",
+        autocommit=True,
+    )
     with psycopg.connect(**admin) as connection:
         connection.execute(f'CREATE DATABASE "{name}"')
 
@@ -49,8 +56,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.e2e.chaos", description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--clients", type=int, default=20)
-    parser.add_argument("--duration", type=float, default=300.0,
-                        help="Seconds over which the jobs are posted; the faults run as long (default 300).")
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=300.0,
+        help="Seconds over which the jobs are posted; the faults run as long (default 300).",
+    )
     parser.add_argument("--seed", type=int)
     parser.add_argument("--cluster", action="store_true", help="The event bus on a 3-master Redis Cluster.")
     parser.add_argument("--stage-seconds", type=float, default=0.4)
@@ -80,8 +91,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.short:
             config = ChaosConfig.short(**values)
         else:
-            config = ChaosConfig(jobs=args.jobs, clients=args.clients, duration=args.duration,
-                                 settle_timeout=args.settle_timeout, **values)
+            config = ChaosConfig(
+                jobs=args.jobs,
+                clients=args.clients,
+                duration=args.duration,
+                settle_timeout=args.settle_timeout,
+                **values,
+            )
         if args.worker_kills is not None:
             config.worker_kills = args.worker_kills
         if args.pool_kills is not None:

@@ -28,6 +28,7 @@ retries, each (job, stage, seq) once in the streams, state = final event, histor
 nothing pending, no dead letter, each watcher saw the job's full seq list in order with no
 duplicate, gap or reset; plus the counts of what each layer dropped and what was killed.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -59,6 +60,7 @@ UUID_RE = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 
 # Configuration ------------------------------------------------------------------------------
 
+
 @dataclass
 class ChaosConfig:
     jobs: int = 200
@@ -80,15 +82,23 @@ class ChaosConfig:
     progress: bool = True  # log progress lines (logger "chaos")
 
     @classmethod
-    def short(cls, **overrides) -> "ChaosConfig":
+    def short(cls, **overrides) -> ChaosConfig:
         """The run `make test` makes: every fault kind at least once, in well under 3 minutes."""
-        values = dict(jobs=48, clients=8, duration=30.0, worker_kills=1, pool_kills=1, settle_timeout=75.0,
-                      router_kill_every=(2.5, 4.5))
+        values = dict(
+            jobs=48,
+            clients=8,
+            duration=30.0,
+            worker_kills=1,
+            pool_kills=1,
+            settle_timeout=75.0,
+            router_kill_every=(2.5, 4.5),
+        )
         values.update(overrides)
         return cls(**values)
 
 
 # Redis ---------------------------------------------------------------------------------------
+
 
 class Topology:
     """The run's private Redis servers. Plain: one server for everything. Cluster: a 3-master
@@ -100,7 +110,7 @@ class Topology:
         self.cluster_servers = RedisClusterServers(3, rng=rng)
         self.plain: RedisServer | None = None
 
-    def start(self) -> "Topology":
+    def start(self) -> Topology:
         try:
             self.plain = RedisServer().start()
             if self.cluster:
@@ -154,6 +164,7 @@ class Topology:
 
 # Processes -----------------------------------------------------------------------------------
 
+
 class Stack:
     """daphne, 2 Celery workers, 2 routers, the reclaimer and the sweeper, as real processes."""
 
@@ -176,7 +187,11 @@ class Stack:
         self.metrics_ports: dict[int, int] = {}  # id(process) -> its --metrics-port
         self.consumer_names: dict[int, str] = {}
         self.reclaimer = self._managed(
-            "run_reclaimer", "--min-idle-ms", str(config.min_idle_ms), "--interval", str(config.reclaim_interval),
+            "run_reclaimer",
+            "--min-idle-ms",
+            str(config.min_idle_ms),
+            "--interval",
+            str(config.reclaim_interval),
         )
         self.sweeper = Manage("sweep_operations", "--interval", "2", "--older-than", "5", **self.env)
         self._incarnations = 0
@@ -223,8 +238,12 @@ class Stack:
         if errors:
             raise errors[0]
         for process in (*self.routers, self.reclaimer):
-            wait_for(lambda p=process: _http_ok(self.metrics_ports[id(p)]) or not alive(p), timeout=60,
-                     interval=0.1, message=f"{process.name} metrics port")
+            wait_for(
+                lambda p=process: _http_ok(self.metrics_ports[id(p)]) or not alive(p),
+                timeout=60,
+                interval=0.1,
+                message=f"{process.name} metrics port",
+            )
             assert alive(process), f"{process.name} exited:\n{process.log()[-3000:]}"
 
     def stop(self) -> None:
@@ -254,7 +273,7 @@ class Stack:
         return consumer
 
     def worker_log(self, worker: Worker) -> str:
-        return worker.log()[self.worker_log_start[worker.name]:]
+        return worker.log()[self.worker_log_start[worker.name] :]
 
     def kill_worker(self, worker: Worker, pause: float) -> None:
         worker.kill()
@@ -282,8 +301,16 @@ def _http_ok(port: int) -> bool:
 
 # HTTP ------------------------------------------------------------------------------------------
 
-def http_request(port: int, method: str, path: str, *, body: bytes | None = None, headers: dict | None = None,
-                 timeout: float = 30) -> tuple[int, list[tuple[str, str]], bytes]:
+
+def http_request(
+    port: int,
+    method: str,
+    path: str,
+    *,
+    body: bytes | None = None,
+    headers: dict | None = None,
+    timeout: float = 30,
+) -> tuple[int, list[tuple[str, str]], bytes]:
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
         connection.request(method, path, body=body, headers=headers or {})
@@ -315,17 +342,30 @@ def login(port: int, username: str, password: str) -> str:
     csrf_cookie = cookies_of(headers)["csrftoken"]
     match = re.search(rb'name="csrfmiddlewaretoken" value="([^"]+)"', body)
     assert match, "no csrfmiddlewaretoken in the login page"
-    form = urllib.parse.urlencode({
-        "username": username, "password": password, "csrfmiddlewaretoken": match.group(1).decode(), "next": "/",
-    }).encode()
-    status, headers, _ = http_request(port, "POST", "/accounts/login/", body=form, headers={
-        "Content-Type": "application/x-www-form-urlencoded", "Cookie": f"csrftoken={csrf_cookie}",
-    })
+    form = urllib.parse.urlencode(
+        {
+            "username": username,
+            "password": password,
+            "csrfmiddlewaretoken": match.group(1).decode(),
+            "next": "/",
+        }
+    ).encode()
+    status, headers, _ = http_request(
+        port,
+        "POST",
+        "/accounts/login/",
+        body=form,
+        headers={
+            "Content-Type": "application/x-www-form-urlencoded",
+            "Cookie": f"csrftoken={csrf_cookie}",
+        },
+    )
     assert status == 302, f"login of {username}: {status}"
     return cookies_of(headers)["sessionid"]
 
 
 # Workload records --------------------------------------------------------------------------------
+
 
 @dataclass
 class User:
@@ -392,10 +432,24 @@ def expected_seqs(domain: str, payload: dict) -> list[int]:
     return [seq for _stage, seq, _data in events_of(domain, payload)]
 
 
-WORDS = "exactly once delivery stream router reclaim lease replay socket backfill history shard".split()
+WORDS = [
+    "exactly",
+    "once",
+    "delivery",
+    "stream",
+    "router",
+    "reclaim",
+    "lease",
+    "replay",
+    "socket",
+    "backfill",
+    "history",
+    "shard",
+]
 
 
 # The run -------------------------------------------------------------------------------------------
+
 
 @dataclass
 class Result:
@@ -415,7 +469,10 @@ class Run:
         self.users: list[User] = []
         self.jobs: list[Job] = []
         self.faults: dict[str, list] = {
-            "router_kills": [], "worker_kills": [], "pool_kills": [], "client_kill_normal": [],
+            "router_kills": [],
+            "worker_kills": [],
+            "pool_kills": [],
+            "client_kill_normal": [],
             "client_kill_pubsub": [],
         }
         self.metrics: dict[int, dict] = {}  # id(process) -> last scraped samples
@@ -449,8 +506,16 @@ class Run:
             else:
                 payload = {"image": f"img-{index}", "size": self.rng.randint(1, 4096)}
             copies = self.rng.randint(1, self.config.max_copies)
-            job = Job(index, user, str(uuid.uuid4()), domain, payload, copies,
-                      concurrent=copies > 1 and self.rng.random() < 0.5, expected=expected_seqs(domain, payload))
+            job = Job(
+                index,
+                user,
+                str(uuid.uuid4()),
+                domain,
+                payload,
+                copies,
+                concurrent=copies > 1 and self.rng.random() < 0.5,
+                expected=expected_seqs(domain, payload),
+            )
             job.watches = [Watch(i) for i in range(self.rng.randint(1, self.config.max_watchers))]
             self.jobs.append(job)
 
@@ -459,15 +524,19 @@ class Run:
     async def post_copy(self, job: Job, delay: float) -> None:
         await asyncio.sleep(delay)
         body = json.dumps({"domain": job.domain, "payload": job.payload}).encode()
-        headers = {"Authorization": f"Token {job.user.token}", "Idempotency-Key": job.key,
-                   "Content-Type": "application/json"}
+        headers = {
+            "Authorization": f"Token {job.user.token}",
+            "Idempotency-Key": job.key,
+            "Content-Type": "application/json",
+        }
         conflicts = transport_errors = 0
         sent_at = time.monotonic()
         deadline = sent_at + 60
         while time.monotonic() < deadline:
             try:
                 status, response_headers, data = await asyncio.to_thread(
-                    http_request, self.stack.port, "POST", "/api/jobs/", body=body, headers=headers)
+                    http_request, self.stack.port, "POST", "/api/jobs/", body=body, headers=headers
+                )
             except (OSError, http.client.HTTPException) as exc:
                 transport_errors += 1
                 self.say(f"POST {job.key}: {type(exc).__name__}: {exc}; sent again")
@@ -476,17 +545,29 @@ class Run:
             if status == 409:
                 conflicts += 1
                 if header(response_headers, "Retry-After") is None or "problem+json" not in (
-                        header(response_headers, "Content-Type") or ""):
+                    header(response_headers, "Content-Type") or ""
+                ):
                     job.failures.append(f"got a 409 without Retry-After or not a problem: {response_headers}")
                 await asyncio.sleep(0.1 + self.rng.random() * 0.3)
                 continue
-            job.answers.append(Answer(status, data, header(response_headers, "Idempotent-Replayed") == "true",
-                                      conflicts, transport_errors, sent_at, time.monotonic()))
+            job.answers.append(
+                Answer(
+                    status,
+                    data,
+                    header(response_headers, "Idempotent-Replayed") == "true",
+                    conflicts,
+                    transport_errors,
+                    sent_at,
+                    time.monotonic(),
+                )
+            )
             if status == 201 and job.job_id is None:
                 job.job_id = json.loads(data)["job_id"]
             return
-        job.failures.append(f"no answer but 409/transport errors for 60 s ({conflicts} x 409, "
-                            f"{transport_errors} transport errors)")
+        job.failures.append(
+            f"no answer but 409/transport errors for 60 s ({conflicts} x 409, "
+            f"{transport_errors} transport errors)"
+        )
 
     async def run_job(self, job: Job) -> None:
         if job.concurrent:
@@ -523,8 +604,15 @@ class Run:
         while not self.stop_watching.is_set():
             cut_at = None
             try:
-                async with connect(f"{uri}?last_seq={last_seq}", origin=origin, additional_headers=headers,
-                                   open_timeout=10, close_timeout=2, ping_interval=None, max_queue=None) as ws:
+                async with connect(
+                    f"{uri}?last_seq={last_seq}",
+                    origin=origin,
+                    additional_headers=headers,
+                    open_timeout=10,
+                    close_timeout=2,
+                    ping_interval=None,
+                    max_queue=None,
+                ) as ws:
                     watch.connections += 1
                     connection = watch.connections
                     if cuts_left and rng.random() < 0.8:
@@ -533,7 +621,7 @@ class Run:
                         timeout = 1.0 if cut_at is None else max(0.0, min(1.0, cut_at - time.monotonic()))
                         try:
                             raw = await asyncio.wait_for(ws.recv(), timeout)
-                        except (asyncio.TimeoutError, TimeoutError):
+                        except TimeoutError:
                             if cut_at is not None and time.monotonic() >= cut_at:
                                 cuts_left -= 1
                                 if rng.random() < 0.5:
@@ -561,7 +649,7 @@ class Run:
             except ConnectionClosed as closed:
                 if closed.rcvd is not None:
                     watch.closes.append(closed.rcvd.code)
-            except (OSError, InvalidHandshake, InvalidStatus, asyncio.TimeoutError, TimeoutError) as exc:
+            except (OSError, InvalidHandshake, InvalidStatus, TimeoutError) as exc:
                 watch.connect_errors.append(f"{type(exc).__name__}: {exc}")
             await asyncio.sleep(rng.uniform(0, 0.4))
 
@@ -623,14 +711,15 @@ class Run:
             try:
                 await asyncio.wait_for(self.stop_faults.wait(), self.rng.uniform(low, high))
                 return
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             slot = self.rng.randrange(len(self.stack.routers))
             same_name = not same_name
             # Aim: kill it while it holds entries (read, not yet acked), for up to 1.5 s.
             held = await asyncio.to_thread(self.wait_holding, slot, 1.5)
-            consumer = await asyncio.to_thread(self.stack.kill_router, slot, same_name=same_name,
-                                               pause=self.rng.uniform(0.1, 1.0))
+            consumer = await asyncio.to_thread(
+                self.stack.kill_router, slot, same_name=same_name, pause=self.rng.uniform(0.1, 1.0)
+            )
             self.faults["router_kills"].append({"slot": slot, "held": held, "restarted_as": consumer})
             self.say(f"SIGKILL router {slot} holding {held} entries; restarted as {consumer}")
 
@@ -649,8 +738,10 @@ class Run:
                     pipe.xpending(stream.key, eventbus_settings.GROUP)
                 held = sum(
                     int(row["pending"])
-                    for summary in pipe.execute(raise_on_error=False) if isinstance(summary, dict)
-                    for row in summary.get("consumers") or () if row["name"] == consumer
+                    for summary in pipe.execute(raise_on_error=False)
+                    if isinstance(summary, dict)
+                    for row in summary.get("consumers") or ()
+                    if row["name"] == consumer
                 )
             except redis.RedisError:
                 held = 0
@@ -668,7 +759,8 @@ class Run:
             try:
                 deadline = time.monotonic() + 20
                 while time.monotonic() < deadline and not any(
-                        b":channel:" in c for c in await asyncio.to_thread(node.pubsub_channels)):
+                    b":channel:" in c for c in await asyncio.to_thread(node.pubsub_channels)
+                ):
                     await asyncio.sleep(0.05)
             finally:
                 node.close()
@@ -687,10 +779,14 @@ class Run:
         duration = self.config.duration
         tasks = [asyncio.create_task(self.routers_chaos())]
         scheduled = [
-            *(("worker_kills", duration * (0.15 + 0.6 * i / max(1, self.config.worker_kills)))
-              for i in range(self.config.worker_kills)),
-            *(("pool_kills", duration * (0.3 + 0.5 * i / max(1, self.config.pool_kills)))
-              for i in range(self.config.pool_kills)),
+            *(
+                ("worker_kills", duration * (0.15 + 0.6 * i / max(1, self.config.worker_kills)))
+                for i in range(self.config.worker_kills)
+            ),
+            *(
+                ("pool_kills", duration * (0.3 + 0.5 * i / max(1, self.config.pool_kills)))
+                for i in range(self.config.pool_kills)
+            ),
         ]
 
         async def later(kind, at):
@@ -732,7 +828,7 @@ class Run:
             await asyncio.to_thread(self.scrape)
             try:
                 await asyncio.wait_for(self.scraping_done.wait(), 0.5)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     # Main ------------------------------------------------------------------------------------------
@@ -762,7 +858,9 @@ class Run:
         self.say("faults over; waiting for the watchers")
         # Watchers finish when their job's final event arrives; bounded by the settle time.
         deadline = self.config.settle_timeout
-        done, pending = await asyncio.wait(self.watchers, timeout=deadline) if self.watchers else (set(), set())
+        done, pending = (
+            await asyncio.wait(self.watchers, timeout=deadline) if self.watchers else (set(), set())
+        )
         self.stop_watching.set()
         if pending:
             await asyncio.wait(pending, timeout=10)
@@ -778,15 +876,19 @@ class Run:
 
         bus = self.topology.bus()
         try:
+
             def quiet():
                 states = Operation.objects.filter(owner__username__startswith=self.prefix).exclude(
-                    state=Operation.State.COMPLETED)
+                    state=Operation.State.COMPLETED
+                )
                 if states.exists():
                     return False
                 return sum(pending_count(bus, stream) for stream in streams()) == 0
 
             try:
-                wait_for(quiet, timeout=timeout, interval=0.25, message="every job completed and no entry pending")
+                wait_for(
+                    quiet, timeout=timeout, interval=0.25, message="every job completed and no entry pending"
+                )
             except AssertionError as exc:
                 self.say(str(exc))
         finally:
@@ -800,12 +902,16 @@ class Run:
         os.environ.setdefault("REDIS_URL", self.topology.bus_url)  # tests.processes.process_env reads it
         self.stack = Stack(self.topology, self.config)
         try:
-            self.say(f"seed {self.seed}; starting the stack ({'cluster' if self.config.cluster else 'plain'} Redis)")
+            self.say(
+                f"seed {self.seed}; starting the stack ({'cluster' if self.config.cluster else 'plain'} Redis)"
+            )
             self.stack.start()
             self.timings["startup"] = time.monotonic() - self.t0
             for user in self.users:
                 user.session = login(self.stack.port, user.username, user.password)
-            self.say(f"stack up on port {self.stack.port}; {len(self.jobs)} jobs by {len(self.users)} clients")
+            self.say(
+                f"stack up on port {self.stack.port}; {len(self.jobs)} jobs by {len(self.users)} clients"
+            )
             workload_started = time.monotonic()
             asyncio.run(self.workload())
             self.settle(max(10.0, self.config.settle_timeout / 2))
@@ -828,8 +934,13 @@ class Run:
             if not job.job_id:
                 continue
             try:
-                status, _, body = http_request(self.stack.port, "GET", f"/api/jobs/{job.job_id}/",
-                                               headers={"Authorization": f"Token {job.user.token}"}, timeout=10)
+                status, _, body = http_request(
+                    self.stack.port,
+                    "GET",
+                    f"/api/jobs/{job.job_id}/",
+                    headers={"Authorization": f"Token {job.user.token}"},
+                    timeout=10,
+                )
                 details[job.job_id] = (status, json.loads(body) if status == 200 else None)
             except (OSError, ValueError) as exc:
                 details[job.job_id] = (0, {"error": repr(exc)})
@@ -867,6 +978,7 @@ def pending_count(bus, stream) -> int:
 
 
 # The checker -------------------------------------------------------------------------------------
+
 
 class Checker:
     """Reads what every layer recorded and compares it with what the workload did."""
@@ -910,18 +1022,27 @@ class Checker:
             replayed += sum(a.replayed for a in job.answers)
             firsts = [a for a in job.answers if not a.replayed]
             if len(firsts) != 1:
-                self.fail(f"key {job.key}: {len(firsts)} answers were not replays (expected exactly 1): "
-                          f"{[(a.status, a.body[:120]) for a in firsts]}")
+                self.fail(
+                    f"key {job.key}: {len(firsts)} answers were not replays (expected exactly 1): "
+                    f"{[(a.status, a.body[:120]) for a in firsts]}"
+                )
             reference = min(firsts or job.answers, key=lambda a: a.at)
             if reference.status != 201:
                 self.fail(f"key {job.key}: first answer {reference.status} {reference.body[:300]!r}")
             for answer in job.answers:
                 if (answer.status, answer.body) != (reference.status, reference.body):
-                    self.fail(f"key {job.key}: a retry got {answer.status} {answer.body[:200]!r}, the first got "
-                              f"{reference.status} {reference.body[:200]!r}")
-        self.figures["posts"] = {"keys": len(jobs), "copies_sent": copies, "replayed_answers": replayed,
-                                 "409_in_flight_retried": conflicts, "transport_errors_retried": transport,
-                                 "concurrent_keys": sum(j.concurrent for j in jobs)}
+                    self.fail(
+                        f"key {job.key}: a retry got {answer.status} {answer.body[:200]!r}, the first got "
+                        f"{reference.status} {reference.body[:200]!r}"
+                    )
+        self.figures["posts"] = {
+            "keys": len(jobs),
+            "copies_sent": copies,
+            "replayed_answers": replayed,
+            "409_in_flight_retried": conflicts,
+            "transport_errors_retried": transport,
+            "concurrent_keys": sum(j.concurrent for j in jobs),
+        }
 
     def check_operations(self, jobs: list[Job]) -> None:
         from idempotency.models import IdempotencyRecord, Operation
@@ -930,8 +1051,9 @@ class Checker:
         by_key: dict[tuple[int, str], list] = {}
         for operation in operations:
             by_key.setdefault((operation.owner_id, operation.idem_key), []).append(operation)
-        records = {(r.scope, r.key): r for r in IdempotencyRecord.objects.filter(
-            key__in=[job.key for job in jobs])}
+        records = {
+            (r.scope, r.key): r for r in IdempotencyRecord.objects.filter(key__in=[job.key for job in jobs])
+        }
         for job in jobs:
             found = by_key.get((job.user.pk, job.key), [])
             if len(found) != 1:
@@ -939,7 +1061,9 @@ class Checker:
                 continue
             operation = found[0]
             if job.job_id and str(operation.op_id) != job.job_id:
-                self.fail(f"key {job.key}: the API answered job {job.job_id}, the Operation is {operation.op_id}")
+                self.fail(
+                    f"key {job.key}: the API answered job {job.job_id}, the Operation is {operation.op_id}"
+                )
             if operation.state != Operation.State.COMPLETED or operation.completed_at is None:
                 self.fail(f"job {operation.op_id} ({job.domain}) is {operation.state}, not COMPLETED")
             status, detail = self.run.details.get(str(operation.op_id), (0, None))
@@ -966,7 +1090,9 @@ class Checker:
         """
         text = "\n".join(worker.log() for worker in self.run.stack.workers)
         transitions = _count(rf"Job ({UUID_RE}) COMPLETED$", text)
-        runs_completed = _count(rf"Task eventbus\.run_job\[({UUID_RE})\] succeeded in [0-9.]+s: 'COMPLETED'", text)
+        runs_completed = _count(
+            rf"Task eventbus\.run_job\[({UUID_RE})\] succeeded in [0-9.]+s: 'COMPLETED'", text
+        )
         received = _count(rf"Task eventbus\.run_job\[({UUID_RE})\] received", text)
         started = _count(rf"Job ({UUID_RE}) running", text)
         skipped = _count(rf"Task eventbus\.run_job\[({UUID_RE})\] succeeded in [0-9.]+s: 'skipped'", text)
@@ -977,10 +1103,14 @@ class Checker:
             if not job.job_id:
                 continue
             if transitions.get(job.job_id, 0) != 1:
-                self.fail(f"job {job.job_id}: moved to COMPLETED {transitions.get(job.job_id, 0)} times (expected 1)")
+                self.fail(
+                    f"job {job.job_id}: moved to COMPLETED {transitions.get(job.job_id, 0)} times (expected 1)"
+                )
             if runs_completed.get(job.job_id, 0) > 1:
-                self.fail(f"job {job.job_id}: {runs_completed[job.job_id]} runs went through its pipeline to the "
-                          "end (expected 1)")
+                self.fail(
+                    f"job {job.job_id}: {runs_completed[job.job_id]} runs went through its pipeline to the "
+                    "end (expected 1)"
+                )
         ids = [job.job_id for job in jobs if job.job_id]
         self.figures["executions"] = {
             "completed_transitions": sum(transitions.get(i, 0) for i in ids),
@@ -1006,8 +1136,9 @@ class Checker:
             for stream in streams():
                 for stream_id, fields in bus.xrange(stream.key, "-", "+"):
                     total += 1
-                    entries.setdefault(fields.get("job_id"), []).append({**fields, "stream_id": stream_id,
-                                                                         "stream": stream.key})
+                    entries.setdefault(fields.get("job_id"), []).append(
+                        {**fields, "stream_id": stream_id, "stream": stream.key}
+                    )
             ours = {job.job_id for job in jobs if job.job_id}
             strangers = set(entries) - ours
             if strangers:
@@ -1036,19 +1167,29 @@ class Checker:
                 state_raw = bus.get(keys.state)
                 state = json.loads(state_raw) if state_raw else None
                 final = next((e for e in got if int(e["seq"]) == FINAL_SEQ), None)
-                if state is None or state.get("seq") != FINAL_SEQ or state.get("data", {}).get("state") != "COMPLETED":
+                if (
+                    state is None
+                    or state.get("seq") != FINAL_SEQ
+                    or state.get("data", {}).get("state") != "COMPLETED"
+                ):
                     self.fail(f"job {job.job_id}: state {state_raw!r} is not its final COMPLETED event")
                 elif final is None or state.get("stream_id") != final["stream_id"]:
-                    self.fail(f"job {job.job_id}: state's stream id {state.get('stream_id')} is not the final "
-                              f"entry's {final and final['stream_id']}")
+                    self.fail(
+                        f"job {job.job_id}: state's stream id {state.get('stream_id')} is not the final "
+                        f"entry's {final and final['stream_id']}"
+                    )
                 history = [int(score) for _, score in bus.zrange(keys.history, 0, -1, withscores=True)]
                 if history != job.expected:
                     self.fail(f"job {job.job_id}: history seqs {history}, expected {job.expected}")
                 applied = bus.get(keys.applied)
                 if applied != str(FINAL_SEQ):
                     self.fail(f"job {job.job_id}: applied seq {applied}, expected {FINAL_SEQ}")
-            self.figures["streams"] = {"entries": total, "dead_letters": dead, "pending": pending,
-                                       "expected_events": sum(len(j.expected) for j in jobs)}
+            self.figures["streams"] = {
+                "entries": total,
+                "dead_letters": dead,
+                "pending": pending,
+                "expected_events": sum(len(j.expected) for j in jobs),
+            }
         finally:
             bus.close()
 
@@ -1069,30 +1210,41 @@ class Checker:
                 slow += watch.closes.count(4008)
                 name = f"job {job.job_id} watcher {watch.index}"
                 if watch.seqs != job.expected:
-                    self.fail(f"{name} saw seqs {watch.seqs} over {watch.connections} connection(s) "
-                              f"(events {watch.events}), expected {job.expected}")
+                    self.fail(
+                        f"{name} saw seqs {watch.seqs} over {watch.connections} connection(s) "
+                        f"(events {watch.events}), expected {job.expected}"
+                    )
                 if watch.resets:
                     self.fail(f"{name} got reset frame(s) {watch.resets} (the history cannot have expired)")
                 if watch.errors:
                     self.fail(f"{name} got error frame(s) {watch.errors}")
                 if not watch.done:
-                    self.fail(f"{name} never got the final event (seqs {watch.seqs}, closes {watch.closes}, "
-                              f"connect errors {watch.connect_errors[-3:]})")
+                    self.fail(
+                        f"{name} never got the final event (seqs {watch.seqs}, closes {watch.closes}, "
+                        f"connect errors {watch.connect_errors[-3:]})"
+                    )
                 unexpected = [c for c in watch.closes if c not in (1000, 1001, 4008)]
                 if unexpected:
                     self.fail(f"{name}: closed by the server with {unexpected}")
         self.figures["websockets"] = {
-            "watchers": watches, "connections": connections, "reconnects": connections - watches,
-            "cut_clean_close": cuts_clean, "cut_tcp_abort": cuts_abort, "server_close_codes": closes,
-            "closed_4008_too_slow": slow, "connect_errors_retried": errors,
+            "watchers": watches,
+            "connections": connections,
+            "reconnects": connections - watches,
+            "cut_clean_close": cuts_clean,
+            "cut_tcp_abort": cuts_abort,
+            "server_close_codes": closes,
+            "closed_4008_too_slow": slow,
+            "connect_errors_retried": errors,
         }
 
     # Faults and counts -------------------------------------------------------------------------------
 
     def check_faults(self) -> None:
         for process in self.run.exited:
-            self.fail(f"{process.name} exited by itself (code {process.process.returncode}):\n"
-                      f"{process.log()[-2000:]}")
+            self.fail(
+                f"{process.name} exited by itself (code {process.process.returncode}):\n"
+                f"{process.log()[-2000:]}"
+            )
         faults = self.run.faults
         for kind in faults:
             if not faults[kind]:

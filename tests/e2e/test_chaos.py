@@ -5,6 +5,7 @@ then on a plain private Redis). About a minute each; `make chaos` runs the long 
 CHAOS_SEED=<n> replays a run's random choices (the seed is in its report); the timing of the
 processes is not replayable.
 """
+
 import os
 
 import pytest
