@@ -48,8 +48,8 @@ class BenchDatabase:
     def __init__(self, name: str, default_server: str | None = None):
         self.name = name
         url = os.environ.get("DATABASE_URL", "")
-        self.warning = None
-        self.server_url = None
+        self.warning: str | None = None
+        self.server_url: str | None = None
         if url.startswith(POSTGRES_SCHEMES):
             self.server_url = url
         elif not url and default_server and pg_reachable(default_server):
@@ -65,15 +65,22 @@ class BenchDatabase:
             self.version = "SQLite " + __import__("sqlite3").sqlite_version
         self.created = False
 
+    @property
+    def postgres_url(self) -> str:
+        assert self.server_url is not None, "not a PostgreSQL bench database"
+        return self.server_url
+
     def create(self) -> None:
         if self.vendor == "postgresql":
             import psycopg
 
-            with psycopg.connect(conninfo(self.server_url), autocommit=True) as conn:
+            with psycopg.connect(conninfo(self.postgres_url), autocommit=True) as conn:
                 conn.execute(f'DROP DATABASE IF EXISTS "{self.name}"')
                 conn.execute(f'CREATE DATABASE "{self.name}"')
-                self.version = "PostgreSQL " + conn.execute("SHOW server_version").fetchone()[0]
-            self.url = urlunsplit(urlsplit(self.server_url)._replace(path="/" + self.name))
+                row = conn.execute("SHOW server_version").fetchone()
+                assert row is not None
+                self.version = "PostgreSQL " + row[0]
+            self.url = urlunsplit(urlsplit(self.postgres_url)._replace(path="/" + self.name))
         self.created = True
 
     def backend_pids(self) -> list[int]:
@@ -81,7 +88,7 @@ class BenchDatabase:
         connections), when the server runs on this machine."""
         import psycopg
 
-        with psycopg.connect(conninfo(self.server_url), autocommit=True) as conn:
+        with psycopg.connect(conninfo(self.postgres_url), autocommit=True) as conn:
             rows = conn.execute(
                 "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
                 (self.name,),
@@ -98,5 +105,5 @@ class BenchDatabase:
             return
         import psycopg
 
-        with psycopg.connect(conninfo(self.server_url), autocommit=True) as conn:
+        with psycopg.connect(conninfo(self.postgres_url), autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')

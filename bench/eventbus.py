@@ -162,7 +162,7 @@ def main() -> None:
         get_redis()
         version = client.info("server")["redis_version"]
         # Interleaved runs, the best of each kept: a shared machine's noise hits both sides.
-        runs = {"single": [], "batched": [], "rb_single": [], "rb_batched": [], "router": []}
+        runs: dict[str, list] = {"single": [], "batched": [], "rb_single": [], "rb_batched": [], "router": []}
         for _ in range(args.repeat):
             runs["single"].append(bench_single(client, args.events))
             runs["rb_single"].append(bench_redis_benchmark(client, server.port, args.events, 1))

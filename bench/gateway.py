@@ -95,6 +95,7 @@ class Child:
 
     @property
     def pid(self) -> int:
+        assert self.process is not None, "not started"
         return self.process.pid
 
     def alive(self) -> bool:
@@ -110,11 +111,11 @@ class Child:
         if not self.alive():
             return
         try:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            self.process.wait(timeout=timeout)
+            os.killpg(self.pid, signal.SIGTERM)
+            self.process.wait(timeout=timeout)  # type: ignore[union-attr]  # alive(): started
         except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=10)
+            os.killpg(self.pid, signal.SIGKILL)
+            self.process.wait(timeout=10)  # type: ignore[union-attr]
         except ProcessLookupError:
             pass
 
@@ -234,6 +235,7 @@ def create_fixtures(jobs: int) -> tuple[str, list[str]]:
         for i in range(jobs)
     ]
     Operation.objects.bulk_create(operations, batch_size=500)
+    assert session.session_key is not None  # saved above
     return session.session_key, [str(op.op_id) for op in operations]
 
 
@@ -280,10 +282,11 @@ class Target:
 
     async def connect(self, job_id: str):
         from websockets.asyncio.client import connect
+        from websockets.typing import Origin
 
         return await connect(
             self.url(job_id),
-            origin=f"http://127.0.0.1:{self.port}",
+            origin=Origin(f"http://127.0.0.1:{self.port}"),
             additional_headers={"Cookie": f"sessionid={self.session_key}"},
             compression=None,  # daphne's frames as they are
             proxy=None,
@@ -296,7 +299,9 @@ class Target:
 async def open_sockets(target: Target, jobs: list[str], count: int, concurrency: int, start: int = 0):
     """Open sockets start..count-1, socket i on jobs[i % len(jobs)]; (sockets, handshake s, failures)."""
     semaphore = asyncio.Semaphore(concurrency)
-    opened, handshakes, failures = [], [], collections.Counter()
+    opened: list = []
+    handshakes: list[float] = []
+    failures: collections.Counter[str] = collections.Counter()
 
     async def one(i: int):
         # A failed handshake is counted and tried once more, as a browser would reconnect.
@@ -355,7 +360,9 @@ async def hold_sockets(ctx, args) -> dict:
     checkpoints = sorted({c for c in (200, 1000, 2000, args.sockets) if c <= args.sockets})
     result = {"jobs": len(jobs), "concurrency": args.connect_concurrency, "checkpoints": []}
     result["before"] = {"rss": rss_kb(daphne.pid), "redis": redis_connections(client, ctx["owners"]())}
-    sockets, handshakes, failures = [], [], collections.Counter()
+    sockets: list = []
+    handshakes: list[float] = []
+    failures: collections.Counter[str] = collections.Counter()
     began, opened = time.perf_counter(), 0
     for checkpoint in checkpoints:
         step_began = time.perf_counter()
@@ -369,7 +376,7 @@ async def hold_sockets(ctx, args) -> dict:
         step_seconds = time.perf_counter() - step_began
         channels, _ = await wait_channels(client, min(checkpoint, len(jobs)))
         numsub = client.pubsub_numsub(*client.pubsub_channels(CHANNEL_PATTERN)[:50])
-        point = {
+        point: dict = {
             "sockets": checkpoint,
             "open": open_count(sockets),
             "seconds": round(step_seconds, 2),
@@ -609,7 +616,9 @@ WAITING = {
 def summarise_profile(path: Path, possible: float) -> dict:
     """Hottest frames of a py-spy raw (collapsed) profile, waiting samples apart: by self and
     by inclusive share of the working samples."""
-    own, inclusive, total, waiting = collections.Counter(), collections.Counter(), 0, 0
+    own: collections.Counter[str] = collections.Counter()
+    inclusive: collections.Counter[str] = collections.Counter()
+    total = waiting = 0
     try:
         lines = path.read_text().splitlines()
     except OSError:
@@ -711,6 +720,7 @@ async def latency_run(ctx, args, run: int, profile: bool = False) -> dict:
             for name, pid in (("daphne", daphne.pid), ("router", router.pid))
         ]
         await asyncio.sleep(1.5)
+    assert publisher.stdout is not None  # stdout=PIPE
     ready = await loop.run_in_executor(None, publisher.stdout.readline)
     if ready.strip() != "ready":
         raise RuntimeError(f"the publisher did not start: {ready!r}")
@@ -733,7 +743,7 @@ async def latency_run(ctx, args, run: int, profile: bool = False) -> dict:
     stats = json.loads(output.strip().splitlines()[-1])
     cpu["publisher"] = stats["cpu_seconds"]  # its own count: it has exited
 
-    expected_per_job = collections.Counter()
+    expected_per_job: collections.Counter[str] = collections.Counter()
     for i in range(stats["published"]):
         expected_per_job[jobs[i % len(jobs)]] += 1
     expected = sum(expected_per_job[jobs[s % len(jobs)]] for s in range(len(sockets)))
@@ -764,12 +774,14 @@ async def latency_run(ctx, args, run: int, profile: bool = False) -> dict:
 
     # Every frame: exactly once, in the job's seqs, and its latency.
     warmup_i = int(args.rate * args.warmup)
-    latencies, duplicates, missing, unexpected, out_of_order = [], 0, 0, collections.Counter(), 0
+    latencies: list[float] = []
+    duplicates = missing = out_of_order = 0
+    unexpected: collections.Counter[str] = collections.Counter()
     per_second = collections.defaultdict(list)
-    ws_recv = {}  # (job, seq) -> first receive ns over the job's sockets
+    ws_recv: dict[tuple[str, int], int] = {}  # (job, seq) -> first receive ns over the job's sockets
     for s, sink in enumerate(frames):
         job = jobs[s % len(jobs)]
-        seen = collections.Counter()
+        seen: collections.Counter[int] = collections.Counter()
         previous = 0
         for received_ns, raw in sink:
             frame = json.loads(raw)
@@ -881,7 +893,7 @@ def print_run(r: dict) -> None:
 
 
 async def measure(ctx, args) -> dict:
-    results = {}
+    results: dict = {}
     if args.sockets:
         print(
             f"1. sockets held: opening {args.sockets} over {args.jobs} jobs, "
@@ -1208,7 +1220,7 @@ def main() -> None:
     log_dir = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
     redis_server = database = None
     children: list[Child] = []
-    ctx = {"publishers": [], "log_dir": log_dir}
+    ctx: dict = {"publishers": [], "log_dir": log_dir}
 
     def on_sigterm(signum, frame):
         raise KeyboardInterrupt
@@ -1266,7 +1278,7 @@ def main() -> None:
             owners=owners,
             env=env,
             redis_url=redis_server.url,
-            redis_pid=redis_server.process.pid,
+            redis_pid=redis_server.process.pid,  # type: ignore[union-attr]  # started
         )
         results = asyncio.run(measure(ctx, args))
         for child in children:

@@ -85,7 +85,7 @@ class CpuMeter:
 
     def _pids(self) -> dict[str, list[int]]:
         pids = {
-            "server": [self.server.process.pid, *children(self.server.process.pid)],
+            "server": [self.server.pid, *children(self.server.pid)],
             "redis": [self.redis_pid],
         }
         pids["postgres"] = self.db.backend_pids() if self.db.vendor == "postgresql" else []
@@ -141,7 +141,12 @@ class Server:
             ]
             self.description = "daphne, 1 process (ASGI, Django's thread per request)"
         self.env = env
-        self.process = None
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None, "not started"
+        return self.process.pid
 
     def start(self, timeout: float = 30.0) -> None:
         self._log_file = open(self.log, "wb")  # noqa: SIM115 (closed in stop())
@@ -426,14 +431,14 @@ def render(summary, check_rows, meta) -> str:
     for name, value, target, ok in check_rows:
         out.append(f"| {name} | {value:.3f} | {target} | {'PASS' if ok else 'MISS'} |")
 
-    def cpu(name):
+    def cpu_ms(name):
         return statistics.median(summary[name]["cpu_rounds"])
 
     out += [
         "",
         f"CPU per request (server + PostgreSQL + Redis, all rounds' median): ours first requests "
-        f"{cpu('ours:first'):.2f} ms vs baseline {cpu('baseline'):.2f} ms "
-        f"({(cpu('ours:first') / cpu('baseline') - 1) * 100:+.0f}%); ours replays {cpu('ours:replay'):.2f} ms. "
+        f"{cpu_ms('ours:first'):.2f} ms vs baseline {cpu_ms('baseline'):.2f} ms "
+        f"({(cpu_ms('ours:first') / cpu_ms('baseline') - 1) * 100:+.0f}%); ours replays {cpu_ms('ours:replay'):.2f} ms. "
         "CPU ms/request divides the CPU a scenario used by its expected answers (errors' CPU included).",
         "",
         "Requests/s per round (median above): "
@@ -520,6 +525,7 @@ def main() -> int:
         server = Server(args.server, port, env, args.workers, args.threads, Path(tmp.name) / "server.log")
         print(f"database {db.version} ({db.name}), redis {redis_server.url}, {server.description} on :{port}")
         server.start()
+        assert redis_server.process is not None
         meter = CpuMeter(server, redis_server.process.pid, db)
 
         scenarios = [s for s in SCENARIOS if not args.only or s.name in args.only.split(",")]

@@ -17,10 +17,12 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 
-def private_database(folder: Path) -> tuple[str, callable]:
+def private_database(folder: Path) -> tuple[str, Callable[[], None]]:
     """Point the test settings at a database of our own; returns its name and how to drop it."""
     import dj_database_url
 
@@ -31,7 +33,7 @@ def private_database(folder: Path) -> tuple[str, callable]:
     import psycopg
 
     name = f"chaos_{os.getpid()}"
-    admin = dict(
+    admin: dict[str, Any] = dict(
         host=config["HOST"] or "127.0.0.1",
         port=config["PORT"] or 5432,
         user=config["USER"],

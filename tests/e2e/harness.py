@@ -46,6 +46,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http.cookies import SimpleCookie
+from typing import Any
 
 import redis
 
@@ -84,7 +85,7 @@ class ChaosConfig:
     @classmethod
     def short(cls, **overrides) -> ChaosConfig:
         """The run `make test` makes: every fault kind at least once, in well under 3 minutes."""
-        values = dict(
+        values: dict[str, Any] = dict(
             jobs=48,
             clients=8,
             duration=30.0,
@@ -130,19 +131,25 @@ class Topology:
             self.plain.stop()
 
     @property
+    def broker(self) -> RedisServer:
+        """The plain server (Celery's broker, the cache; the bus too unless clustered)."""
+        assert self.plain is not None, "the topology is not started"
+        return self.plain
+
+    @property
     def servers(self) -> list[RedisServer]:
-        return [*self.nodes, self.plain]
+        return [*self.nodes, self.broker]
 
     @property
     def bus_url(self) -> str:
-        return self.nodes[0].url if self.cluster else self.plain.url
+        return self.nodes[0].url if self.cluster else self.broker.url
 
     @property
     def env(self) -> dict[str, str]:
         return {
             "REDIS_URL": self.bus_url,
-            "CELERY_BROKER_URL": self.plain.url,
-            "CACHE_URL": self.plain.url,
+            "CELERY_BROKER_URL": self.broker.url,
+            "CACHE_URL": self.broker.url,
             "EVENTBUS_CLUSTER": "1" if self.cluster else "",
         }
 
@@ -460,12 +467,17 @@ class Result:
 
 
 class Run:
+    @property
+    def stack(self) -> Stack:
+        assert self._stack is not None, "the stack is not started"
+        return self._stack
+
     def __init__(self, config: ChaosConfig):
         self.config = config
         self.seed = config.seed if config.seed is not None else random.randrange(2**32)
         self.rng = random.Random(self.seed)
         self.topology = Topology(cluster=config.cluster, rng=self.rng)
-        self.stack: Stack | None = None
+        self._stack: Stack | None = None
         self.users: list[User] = []
         self.jobs: list[Job] = []
         self.faults: dict[str, list] = {
@@ -502,7 +514,9 @@ class Run:
             domain = self.rng.choice(("scan", "chat"))
             if domain == "chat":
                 words = self.rng.randint(1, 30)
-                payload = {"prompt": " ".join(self.rng.choice(WORDS) for _ in range(words))}
+                payload: dict[str, object] = {
+                    "prompt": " ".join(self.rng.choice(WORDS) for _ in range(words))
+                }
             else:
                 payload = {"image": f"img-{index}", "size": self.rng.randint(1, 4096)}
             copies = self.rng.randint(1, self.config.max_copies)
@@ -593,6 +607,7 @@ class Run:
     async def watch(self, job: Job, watch: Watch, delay: float) -> None:
         from websockets.asyncio.client import connect
         from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
+        from websockets.typing import Origin
 
         await asyncio.sleep(delay)
         rng = random.Random(self.rng.random())
@@ -600,7 +615,7 @@ class Run:
         last_seq = 0
         uri = f"ws://127.0.0.1:{self.stack.port}/ws/jobs/{job.job_id}/"
         headers = {"Cookie": f"sessionid={job.user.session}"}
-        origin = f"http://127.0.0.1:{self.stack.port}"
+        origin = Origin(f"http://127.0.0.1:{self.stack.port}")
         while not self.stop_watching.is_set():
             cut_at = None
             try:
@@ -900,7 +915,7 @@ class Run:
         self.plan()
         self.topology.start()
         os.environ.setdefault("REDIS_URL", self.topology.bus_url)  # tests.processes.process_env reads it
-        self.stack = Stack(self.topology, self.config)
+        self._stack = Stack(self.topology, self.config)
         try:
             self.say(
                 f"seed {self.seed}; starting the stack ({'cluster' if self.config.cluster else 'plain'} Redis)"
@@ -1048,7 +1063,7 @@ class Checker:
         from idempotency.models import IdempotencyRecord, Operation
 
         operations = list(Operation.objects.filter(owner__username__startswith=self.run.prefix))
-        by_key: dict[tuple[int, str], list] = {}
+        by_key: dict[tuple[int | None, str], list] = {}
         for operation in operations:
             by_key.setdefault((operation.owner_id, operation.idem_key), []).append(operation)
         records = {
@@ -1067,8 +1082,9 @@ class Checker:
             if operation.state != Operation.State.COMPLETED or operation.completed_at is None:
                 self.fail(f"job {operation.op_id} ({job.domain}) is {operation.state}, not COMPLETED")
             status, detail = self.run.details.get(str(operation.op_id), (0, None))
-            latest = (detail or {}).get("latest_event") or {}
-            if status != 200 or detail.get("state") != "COMPLETED" or latest.get("seq") != FINAL_SEQ:
+            body = detail or {}
+            latest = body.get("latest_event") or {}
+            if status != 200 or body.get("state") != "COMPLETED" or latest.get("seq") != FINAL_SEQ:
                 self.fail(f"GET /api/jobs/{operation.op_id}/: {status} {detail}")
             record = [r for (scope, key), r in records.items() if key == job.key]
             if len(record) != 1 or record[0].state != IdempotencyRecord.State.COMPLETED:
@@ -1242,7 +1258,7 @@ class Checker:
     def check_faults(self) -> None:
         for process in self.run.exited:
             self.fail(
-                f"{process.name} exited by itself (code {process.process.returncode}):\n"
+                f"{process.name} exited by itself (code {process.process and process.process.returncode}):\n"
                 f"{process.log()[-2000:]}"
             )
         faults = self.run.faults
