@@ -11,7 +11,9 @@ job's state snapshot and `recovered: false`: never a silent gap. A client of a j
 the job left, or no final event of it, the client gets the outcome as a reset from the database.
 
 Close codes: 4400 bad parameters, 4401 not logged in, 4404 no such job or not yours (one code
-for both, as the HTTP API's 404: a stranger learns nothing), 4008 client too slow.
+for both, as the HTTP API's 404: a stranger learns nothing), 4008 client too slow, 1011 the
+server failed (the client resumes with last_seq), or refuses to stream from a Redis that is not
+safe for the bus (EVENTBUS["REDIS_DURABILITY"] = "refuse").
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
+from django.core.exceptions import ImproperlyConfigured
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -114,11 +117,16 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
         except RefuseConnection as refusal:
             await self.refuse(refusal.code, refusal.detail)
             return
+        self.hub = get_hub()
+        try:
+            await self.hub.check_durability()
+        except ImproperlyConfigured:
+            await self.refuse(1011, "The server's event store is not safe to stream from; see its log.")
+            return
         self.job_id = str(self.operation.op_id)
         self.channel = job_channel(self.operation.domain, self.job_id)
         self.queue: asyncio.Queue = asyncio.Queue(maxsize=gateway_settings.QUEUE_SIZE)
         self.queue.put_nowait(_RESYNC)  # first the backfill; live events queue up behind it
-        self.hub = get_hub()
         await self.hub.add(self.channel, self)  # subscribed before the history is read
         self.pump = asyncio.create_task(self._pump())
 

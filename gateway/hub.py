@@ -18,6 +18,7 @@ from typing import Protocol
 import redis.asyncio as aioredis
 from redis.asyncio.client import PubSub
 
+from eventbus.durability import async_check_durability
 from eventbus.redis import make_async_node_client, make_async_read_client
 
 from .conf import gateway_settings
@@ -54,6 +55,14 @@ class Hub:
         self.reconnections = 0
         self._reader: asyncio.Task | None = None
         self._lock = asyncio.Lock()
+        self._durability: asyncio.Task | None = None
+
+    async def check_durability(self) -> None:
+        """The bus's Redis checked once per process, at the first socket (eventbus.durability):
+        a warning in the log, or ImproperlyConfigured for every socket when refused by setting."""
+        if self._durability is None:
+            self._durability = asyncio.ensure_future(async_check_durability(self._reads, process="gateway"))
+        await asyncio.shield(self._durability)
 
     @property
     def redis(self) -> aioredis.Redis:

@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -50,7 +51,7 @@ class Stack:
         self.run_dir = root / "run"
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = root / "stack.log"
+        self.starts = 0
         # Nothing of the test run's: the stack starts its own Redis and database, in dev settings.
         env = {
             k: v
@@ -75,7 +76,13 @@ class Stack:
         self.env = env
         self.process: subprocess.Popen | None = None
 
+    @property
+    def log_path(self) -> Path:
+        """This start's log (a restart writes a new one, so the ready lines are its own)."""
+        return self.root / f"stack-{self.starts}.log"
+
     def start(self) -> Stack:
+        self.starts += 1
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "config.stack"],
@@ -111,12 +118,12 @@ class Stack:
     def redis_port(self) -> int:
         return int(found(r"Redis:\s+redis://127\.0\.0\.1:(\d+)/0 \(private", self.log()))
 
-    def manage(self, *args: str) -> str:
+    def manage(self, *args: str, **env: str) -> str:
         """`manage.py <args>` on this stack's database: its output."""
         return subprocess.run(
             [sys.executable, "manage.py", *args],
             cwd=BASE_DIR,
-            env=self.env,
+            env={**self.env, **env},
             capture_output=True,
             text=True,
             timeout=60,
@@ -137,6 +144,10 @@ class Stack:
                 self.process.wait(timeout=90)
             except (ProcessLookupError, subprocess.TimeoutExpired):
                 pass
+        self.power_cut()
+
+    def power_cut(self) -> None:
+        """Every process of this stack SIGKILLed at once, its Redis included: nothing stops cleanly."""
         if self.process and self.process.poll() is None:
             try:
                 os.killpg(self.process.pid, signal.SIGKILL)
@@ -148,6 +159,11 @@ class Stack:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        wait_for(
+            lambda: not pids_with_env("RUN_DIR", str(self.run_dir)) and not pids_working_in(self.run_dir),
+            timeout=10,
+            message="no process of the stack left",
+        )
 
 
 @pytest.fixture(scope="module")
@@ -284,6 +300,77 @@ def test_ctrl_c_stops_every_process_cleanly_and_redis_last(stack):
         timeout=10,
         message="no process left",
     )
+
+
+# Nothing stranded: a job whose run died with the stack completes after the next start.
+
+SCAN_EVENTS = [["vision", 10], ["rule", 20], ["answer", 30], ["reward", 40], ["done", 51]]
+
+
+@pytest.fixture
+def own_stack(tmp_path):
+    """A stack of the test's own, for tests that stop and start it."""
+    stack = Stack(tmp_path)
+    try:
+        yield stack
+    finally:
+        stack.cleanup()
+
+
+def cut_short(stack) -> tuple[str, str]:
+    """Start the stack and a scan job; return once its first stage is recorded and the second
+    runs (the stop comes mid-job): the job's id and a token."""
+    stack.start()
+    token = drf_token(stack)
+    job_id = start_job(stack, token)["job_id"]
+    wait_for(
+        lambda: f"Job {job_id}: stage rule, attempt 1" in stack.log(),
+        timeout=30,
+        interval=0.1,
+        message="the job's second stage",
+    )
+    return job_id, token
+
+
+def completes_after_restart(stack, job_id: str, token: str) -> None:
+    """The next start finishes the job, each of its events once in its stream, in order."""
+    assert f"Job {job_id} COMPLETED" not in stack.log()
+    stack.start()
+    # dev settings: RECOVER_AFTER 20 s, and the sweeper's first pass comes at its start.
+    wait_for(
+        lambda: api(stack, f"/api/jobs/{job_id}/", token)["state"] == "COMPLETED",
+        timeout=90,
+        interval=0.5,
+        message=f"the job to complete after the restart:\n{stack.log()[-3000:]}",
+    )
+    assert re.search(rf"Job {job_id} \(RUNNING\) shows no sign of life .* enqueued again", stack.log())
+    assert f"Job {job_id}: stage rule, attempt 2" in stack.log()  # resumed: vision not run again
+    assert f"Job {job_id}: stage vision" not in stack.log()
+    redis_url = f"redis://127.0.0.1:{stack.redis_port()}/0"
+    events = stack.manage(
+        "shell",
+        "-c",
+        "import json; from eventbus.redis import get_redis; from tests.eventbus.helpers import job_events;"
+        f" print(json.dumps(job_events(get_redis(), 'scan', '{job_id}')))",
+        REDIS_URL=redis_url,
+    )
+    assert json.loads(events.strip().splitlines()[-1]) == SCAN_EVENTS
+
+
+def test_a_job_cut_short_by_ctrl_c_twice_completes_at_the_next_make_run(own_stack):
+    job_id, token = cut_short(own_stack)
+    own_stack.interrupt()  # Ctrl-C: the worker would finish the job first...
+    time.sleep(0.5)
+    own_stack.interrupt()  # ...Ctrl-C again: everything stops at once, the job cut short
+    own_stack.process.wait(timeout=30)
+    completes_after_restart(own_stack, job_id, token)
+
+
+def test_a_job_cut_short_by_a_power_cut_completes_after_the_redis_data_is_gone(own_stack):
+    job_id, token = cut_short(own_stack)
+    own_stack.power_cut()
+    shutil.rmtree(own_stack.run_dir / "redis")  # broker message, run lease, streams: all gone
+    completes_after_restart(own_stack, job_id, token)
 
 
 # /metrics in multiprocess mode, against the files of processes started here.

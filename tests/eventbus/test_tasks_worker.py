@@ -17,7 +17,7 @@ from django.core.management import call_command
 
 from eventbus.jobs import RunLease
 from idempotency.models import Operation
-from tests.processes import Worker, wait_for
+from tests.processes import Worker, run_command, wait_for
 
 from .helpers import broker_down, expected_events, job_events, queued_task_ids
 
@@ -143,6 +143,38 @@ def test_a_job_accepted_while_the_broker_was_down_is_swept_and_completes(start_w
     assert job_events(broker, "chat", job_id) == expected_events("chat", {"prompt": "are you there?"})
     assert worker.received(job_id) == 1
     assert Operation.objects.get(pk=job_id).enqueued_at is not None
+
+
+# A client's POST in a process that dies at once after the commit, before the enqueue.
+CRASH_AFTER_COMMIT = """
+import os
+from django.contrib.auth import get_user_model
+from rest_framework.test import APIClient
+import gateway.api
+gateway.api.enqueue = lambda operation: os._exit(9)
+client = APIClient()
+client.force_authenticate(get_user_model().objects.get(username={username!r}))
+client.post('/api/jobs/', {{'domain': 'scan', 'payload': {{}}}}, format='json', HTTP_IDEMPOTENCY_KEY='window')
+"""
+
+
+def test_a_process_dead_between_the_commit_and_the_enqueue_leaves_the_job_to_the_sweep(
+    start_worker, broker, api_client, user
+):
+    code, log = run_command("shell", "-c", CRASH_AFTER_COMMIT.format(username=user.username))
+    assert code == 9, log
+    operation = Operation.objects.get(idem_key="window")
+    assert (operation.state, operation.enqueued_at) == (State.PENDING, None)
+    assert queued_task_ids(broker) == []
+    worker = start_worker()
+    call_command("sweep_operations", burst=True, older_than=0)
+    wait_for_state(operation.pk, State.COMPLETED, [worker.log])
+    assert job_events(broker, "scan", operation.op_id) == expected_events("scan")
+    assert worker.received(str(operation.op_id)) == 1
+    # The client's retry gets the same job, and sends no second task.
+    retry = post_job(api_client, key="window")
+    assert retry.status_code == 201 and retry.json()["job_id"] == str(operation.op_id), retry.content
+    assert queued_task_ids(broker) == []
 
 
 def test_a_worker_killed_mid_stage_reruns_only_that_stage_and_its_outside_call_happens_once(

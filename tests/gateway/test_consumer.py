@@ -9,7 +9,7 @@ from asgiref.sync import sync_to_async
 
 from eventbus.keys import JobKeys
 from gateway import consumers
-from gateway.hub import get_hub
+from gateway.hub import close_hub, get_hub
 from idempotency.models import Operation
 
 from .conftest import open_socket, publish_and_route
@@ -66,6 +66,22 @@ async def test_bad_parameters_are_4400(job, cookie, query):
 async def test_bad_job_id_is_4400(cookie):
     socket = await open_socket("/ws/jobs/not-a-uuid/", cookie)
     await closed_with(socket, 4400)
+
+
+async def test_an_unsafe_redis_is_warned_about_once_or_refused_by_setting(job, cookie, settings, caplog):
+    # The suite's Redis has no append-only file: not safe for the bus (eventbus.durability).
+    with caplog.at_level("WARNING", logger="eventbus.durability"):
+        for _ in range(2):
+            socket = await open_socket(f"/ws/jobs/{job.op_id}/", cookie, subscribed_to=job)
+            await socket.disconnect()
+    warnings = [r.getMessage() for r in caplog.records if "REDIS IS NOT SAFE" in r.getMessage()]
+    assert warnings and all(w.startswith("gateway: ") for w in warnings)
+    assert len(warnings) == len(set(warnings))  # once per process, not per socket
+    await close_hub()  # a new process's hub: the check runs again
+    settings.EVENTBUS = {**settings.EVENTBUS, "REDIS_DURABILITY": "refuse"}
+    socket = await open_socket(f"/ws/jobs/{job.op_id}/", cookie)
+    await closed_with(socket, 1011)
+    assert get_hub().channels == 0  # nothing subscribed
 
 
 async def test_backfill_then_live_without_duplicate_or_gap(job, cookie):
