@@ -124,4 +124,3 @@ async def test_redis_back_from_an_older_snapshot_loses_no_event_and_doubles_none
     assert work.count("first") == 1 and work.count("second charged") == 1  # finished stages ran once
     assert work.count("third") == 1  # the stage that died ran again (its log line: second run only)
     server.close()
-
