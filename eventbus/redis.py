@@ -9,6 +9,7 @@ from django.conf import settings
 from django.core.signals import setting_changed
 
 from .conf import eventbus_settings
+from .sentinel import parse_sentinel_url
 
 # Where the bus looks when the project names no Redis: a local server, as redis-py does.
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -24,8 +25,21 @@ def redis_url() -> str:
     return eventbus_settings.REDIS_URL or getattr(settings, "REDIS_URL", None) or DEFAULT_REDIS_URL
 
 
+def _sentinel():
+    """The redis+sentinel:// URL's parts when redis_url() is one (eventbus.sentinel), else None."""
+    parsed = parse_sentinel_url(redis_url())
+    if parsed is not None and eventbus_settings.CLUSTER:
+        from django.core.exceptions import ImproperlyConfigured
+
+        raise ImproperlyConfigured(
+            'A Redis Cluster is not Sentinel-managed: EVENTBUS["CLUSTER"] takes a redis:// URL.'
+        )
+    return parsed
+
+
 def get_redis():
-    """A client for redis_url(): a redis.Redis, or a RedisCluster when EVENTBUS['CLUSTER']."""
+    """A client for redis_url(): a redis.Redis, or a RedisCluster when EVENTBUS['CLUSTER'], or
+    a client of the Sentinel-managed master of a redis+sentinel:// URL."""
     global _client
     if _client is None:
         with _lock:
@@ -36,6 +50,10 @@ def get_redis():
 
 def make_redis(*, client_name: str | None = None):
     """A new client for redis_url() (get_redis() shares one); a named one shows in CLIENT LIST."""
+    if (sentinel := _sentinel()) is not None:
+        from redis.sentinel import Sentinel
+
+        return sentinel.master_for(Sentinel, redis.Redis, client_name=client_name)
     if eventbus_settings.CLUSTER:
         from redis.cluster import RedisCluster
 
@@ -45,6 +63,8 @@ def make_redis(*, client_name: str | None = None):
 
 def make_async_redis():
     """A new redis.asyncio client (bound to the event loop that uses it: the caller closes it)."""
+    if (sentinel := _sentinel()) is not None:
+        return _async_master(sentinel)
     if eventbus_settings.CLUSTER:
         from redis.asyncio.cluster import RedisCluster
 
@@ -58,6 +78,8 @@ def make_async_node_client():
     """A plain redis.asyncio client of the node REDIS_URL names, also in cluster mode: the
     gateway's pub/sub connection (PUBLISH reaches every node of a cluster, so one node hears
     every channel)."""
+    if (sentinel := _sentinel()) is not None:
+        return _async_master(sentinel)
     import redis.asyncio
 
     return redis.asyncio.Redis.from_url(redis_url())
@@ -66,8 +88,9 @@ def make_async_node_client():
 def make_async_read_client(*, max_connections: int):
     """A redis.asyncio client for many concurrent short reads (the gateway's backfills): at
     most `max_connections`, and a burst of readers queues for one instead of failing at the
-    pool's limit (a reconnect resyncs every socket at once). A cluster client in cluster mode."""
-    if eventbus_settings.CLUSTER:
+    pool's limit (a reconnect resyncs every socket at once). A cluster client in cluster mode;
+    with Sentinel, a client of the master whose pool follows failovers (not a blocking one)."""
+    if eventbus_settings.CLUSTER or _sentinel() is not None:
         return make_async_redis()
     import redis.asyncio
 
@@ -75,6 +98,13 @@ def make_async_read_client(*, max_connections: int):
         redis_url(), max_connections=max_connections, timeout=None
     )
     return redis.asyncio.Redis(connection_pool=pool)
+
+
+def _async_master(sentinel):
+    import redis.asyncio
+    from redis.asyncio.sentinel import Sentinel
+
+    return sentinel.master_for(Sentinel, redis.asyncio.Redis)
 
 
 def is_cluster(client) -> bool:

@@ -59,3 +59,22 @@ def api_client(user):
     client = APIClient()
     client.force_authenticate(user)
     return client
+
+
+@pytest.fixture(scope="session")
+def sentinel_group():
+    """A Sentinel-managed Redis (1 master, 1 replica, 3 sentinels), started on first use."""
+    from tests.sentinels import SentinelGroup
+
+    group = SentinelGroup().start()
+    yield group
+    group.stop()
+
+
+@pytest.fixture
+def sentinel_bus(sentinel_group, settings):
+    """The bus on the Sentinel-managed master (a redis+sentinel:// URL), flushed. Yields the group."""
+    with redis.Redis(port=sentinel_group.master_port()) as master:
+        master.flushall()
+    settings.EVENTBUS = {**settings.EVENTBUS, "REDIS_URL": sentinel_group.url}
+    return sentinel_group

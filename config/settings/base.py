@@ -3,7 +3,9 @@
 Environment: REDIS_URL (default redis://127.0.0.1:6379/0), DATABASE_URL (default SQLite);
 CELERY_BROKER_URL and CACHE_URL (default REDIS_URL: set them when the event bus is on a Redis
 Cluster, which neither Celery's broker nor the cache can use); EVENTBUS_CLUSTER=1 puts the event
-bus on the cluster REDIS_URL names (EVENTBUS["CLUSTER"]). RUN_DIR (default .run/) is where
+bus on the cluster REDIS_URL names (EVENTBUS["CLUSTER"]). Each of these Redis URLs may be a
+redis+sentinel://host:port,host:port/<master>/<db> URL: a Sentinel-managed master, followed
+through failovers (eventbus.sentinel). RUN_DIR (default .run/) is where
 `make run` and the tests keep their local state.
 """
 
@@ -11,6 +13,8 @@ import os
 from pathlib import Path
 
 import dj_database_url
+
+from eventbus.sentinel import celery_broker, django_redis_cache, parse_sentinel_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 # Git-ignored: private Redis data, demo credentials, metrics files, test DB. RUN_DIR moves it
@@ -87,7 +91,10 @@ CACHE_URL = os.environ.get("CACHE_URL") or REDIS_URL
 
 
 def redis_cache(location: str, key_prefix: str) -> dict:
-    """A django-redis cache (the test suite and the benchmarks build theirs the same way)."""
+    """A django-redis cache (the test suite and the benchmarks build theirs the same way), on a
+    Sentinel-managed master for a redis+sentinel:// URL (eventbus.sentinel)."""
+    if parse_sentinel_url(location):
+        return django_redis_cache(location, key_prefix=key_prefix)
     return {
         "BACKEND": "django_redis.cache.RedisCache",
         "LOCATION": location,
@@ -141,6 +148,9 @@ if os.environ.get("EVENTBUS_CLUSTER", "").lower() in ("1", "true", "yes"):
     EVENTBUS["CLUSTER"] = True
 
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL") or REDIS_URL
+_broker_sentinel_options: dict = {}
+if parse_sentinel_url(CELERY_BROKER_URL):  # kombu's form: sentinel://host:port;... + master_name
+    CELERY_BROKER_URL, _broker_sentinel_options = celery_broker(CELERY_BROKER_URL)
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
@@ -162,6 +172,7 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "interval_step": 0.2,
     "interval_max": 0.5,
     "socket_connect_timeout": 1,
+    **_broker_sentinel_options,
 }
 
 LOGGING = {

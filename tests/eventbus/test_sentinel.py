@@ -1,0 +1,107 @@
+"""Redis Sentinel (real: 1 master, 1 replica, 3 sentinels): the redis+sentinel:// URL, the bus
+publishing and routing across a failover, and a job run by a Celery worker whose broker, cache
+and bus all come from one such URL. The gateway hub's side is in tests/gateway/test_sentinel_hub.py."""
+
+import pytest
+import redis
+from django_redis.cache import RedisCache
+from redis.sentinel import SentinelConnectionPool
+
+from eventbus import publish_event
+from eventbus.keys import JobKeys
+from eventbus.redis import get_redis
+from eventbus.router import Router
+from eventbus.sentinel import (
+    BadSentinelURL,
+    SentinelURL,
+    celery_broker,
+    django_redis_cache,
+    parse_sentinel_url,
+)
+from idempotency.models import Operation
+from tests.processes import Worker, run_command, wait_for
+
+from .helpers import expected_events, job_events
+
+
+@pytest.mark.parametrize(
+    "url, parsed",
+    [
+        ("redis://127.0.0.1:6379/0", None),
+        ("redis+sentinel://s1:26379,s2:26380/bus/2", SentinelURL((("s1", 26379), ("s2", 26380)), "bus", 2)),
+        ("redis+sentinel://:se%40cret@s1/bus", SentinelURL((("s1", 26379),), "bus", 0, "se@cret")),
+    ],
+)
+def test_the_url_form(url, parsed):
+    assert parse_sentinel_url(url) == parsed
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis+sentinel://s1:26379",
+        "redis+sentinel:///bus",
+        "redis+sentinel://s1:x/bus",
+        "redis+sentinel://s1/bus/db",
+    ],
+)
+def test_a_url_that_names_no_master_or_no_sentinel_is_refused_clearly(url):
+    with pytest.raises(BadSentinelURL, match="redis\\+sentinel"):
+        parse_sentinel_url(url)
+
+
+def test_celery_and_django_redis_get_the_same_master_in_their_forms(sentinel_group):
+    broker, options = celery_broker("redis+sentinel://:pw@s1:1,s2:2/bus/3")
+    assert (broker, options) == ("sentinel://:pw@s1:1/3;sentinel://:pw@s2:2/3", {"master_name": "bus"})
+    entry = django_redis_cache(sentinel_group.url, key_prefix="t")
+    cache = RedisCache(entry["LOCATION"], {"KEY_PREFIX": "t", "OPTIONS": entry["OPTIONS"]})
+    cache.set("through-sentinel", 1)
+    with redis.Redis(port=sentinel_group.master_port()) as master:
+        assert master.exists("t:1:through-sentinel")  # django-redis's key: prefix, version, key
+    assert cache.get("through-sentinel") == 1
+
+
+@pytest.mark.django_db
+def test_the_bus_publishes_and_routes_across_a_failover_each_event_once(sentinel_bus):
+    publish_event("scan", "f1", "vision", 10, {})
+    publish_event("scan", "f1", "rule", 20, {})
+    Router(burst=True, consumer="sentinel").run()
+    old = sentinel_bus.master_port()
+    new = sentinel_bus.failover()
+    assert new != old
+    # The same clients, unchanged settings: they find the new master through the sentinels.
+    publish_event("scan", "f1", "rule", 20, {})  # a retry's copy: still a duplicate there
+    publish_event("scan", "f1", "answer", 30, {})
+    publish_event("scan", "f1", "done", 51, {"final": True})
+    Router(burst=True, consumer="sentinel").run()
+    with redis.Redis(port=new) as master:
+        assert job_events(master, "scan", "f1") == [
+            ("vision", 10),
+            ("rule", 20),
+            ("answer", 30),
+            ("done", 51),
+        ]
+        assert int(master.get(JobKeys("scan", "f1").applied)) == 51
+    assert isinstance(get_redis().connection_pool, SentinelConnectionPool)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_on_one_sentinel_url_runs_a_job_broker_cache_and_bus(sentinel_bus, make_operation):
+    operation = make_operation("scan")
+    worker = Worker("sentinel-worker", REDIS_URL=sentinel_bus.url).start()
+    try:
+        code, log = run_command(
+            "sweep_operations", "--burst", "--older-than", "0", REDIS_URL=sentinel_bus.url
+        )
+        assert code == 0, log
+        wait_for(
+            lambda: Operation.objects.get(pk=operation.pk).state == Operation.State.COMPLETED,
+            timeout=40,
+            message=f"the job to complete:\n{worker.log()[-3000:]}",
+        )
+    finally:
+        worker.stop()
+        worker.log_path.unlink(missing_ok=True)
+    with redis.Redis(port=sentinel_bus.master_port()) as master:
+        assert job_events(master, "scan", operation.op_id) == expected_events("scan")
+        assert master.llen("celery") == 0  # its broker was there too

