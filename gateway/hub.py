@@ -75,16 +75,36 @@ class Hub:
 
     async def add(self, channel: str, listener: Listener) -> None:
         """Register `listener`; returns once the channel's subscription is live, so a read
-        of the history made afterwards misses nothing published later."""
+        of the history made afterwards misses nothing published later. While Redis is away
+        it waits for it (the socket stays open, as on a reconnect), however long that takes."""
+        delay = gateway_settings.RECONNECT_DELAY
+        while True:
+            try:
+                return await self._add(channel, listener)
+            except (aioredis.ConnectionError, aioredis.TimeoutError, OSError, TimeoutError) as exc:
+                logger.warning(
+                    "gateway hub: cannot subscribe %s (%s); retrying in %.2f s", channel, exc, delay
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    async def _add(self, channel: str, listener: Listener) -> None:
         async with self._lock:
             listeners = self._listeners.setdefault(channel, set())
             listeners.add(listener)
             if len(listeners) == 1:
                 self._confirmed[channel] = asyncio.Event()
-                await self._pubsub.subscribe(channel)
+                try:
+                    await self._pubsub.subscribe(channel)
+                except BaseException:
+                    # Not subscribed: the next try (or the next listener) subscribes again.
+                    del self._listeners[channel]
+                    self._confirmed.pop(channel, None)
+                    raise
                 if self._reader is None or self._reader.done():
                     self._reader = asyncio.create_task(self._read(), name="gateway-hub-reader")
             confirmed = self._confirmed[channel]
+        # A reconnection meanwhile subscribes again, and the reader confirms it then.
         await asyncio.wait_for(confirmed.wait(), gateway_settings.SUBSCRIBE_TIMEOUT)
 
     async def remove(self, channel: str, listener: Listener) -> None:

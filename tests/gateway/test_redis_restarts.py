@@ -1,4 +1,8 @@
-"""Redis losing its recent writes, for real: a restart that loses the last second of its
+"""The gateway and the bus across Redis restarts, for real.
+
+A socket opened while Redis is down waits for it, then streams (it is not closed 1011).
+
+Redis losing its recent writes: a restart that loses the last second of its
 append-only file, or a failover to a replica that lagged, leave Redis as it was some time ago
 while the database and the watchers went on. Here a Redis server is snapshotted mid-job, the
 job goes on (a stage finishes, the next one reports and its worker dies), watchers see it all,
@@ -25,6 +29,8 @@ from idempotency.models import Operation
 from tests.eventbus.helpers import job_events
 from tests.eventbus.jobtypes import StagedJob, lines
 from tests.processes import wait_for
+
+from .conftest import open_socket, publish_and_route
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("hub_closed")]
 
@@ -70,8 +76,6 @@ async def seqs_until(socket, last: int) -> list[int]:
 async def test_redis_back_from_an_older_snapshot_loses_no_event_and_doubles_none(
     snapshot_redis, user, cookie, tmp_path, monkeypatch
 ):
-    from .conftest import open_socket
-
     log_path = str(tmp_path / "work.log")
     operation = await sync_to_async(Operation.objects.create)(
         scope=f"t:{user.pk}", idem_key="lost", owner=user, domain="staged", payload={"log": log_path}
@@ -124,3 +128,22 @@ async def test_redis_back_from_an_older_snapshot_loses_no_event_and_doubles_none
     assert work.count("first") == 1 and work.count("second charged") == 1  # finished stages ran once
     assert work.count("third") == 1  # the stage that died ran again (its log line: second run only)
     server.close()
+
+
+async def test_a_socket_opened_while_redis_is_down_waits_for_it_then_streams(snapshot_redis, job, cookie):
+    snapshot_redis.kill()
+    socket = await open_socket(f"/ws/jobs/{job.op_id}/", cookie)
+    await socket.receive_nothing(timeout=1)  # open, waiting: no close, no error frame
+    snapshot_redis.start()
+    await sync_to_async(wait_subscribed_sync)(job)
+    await publish_and_route(job, [10, 20])
+    assert await seqs_until(socket, 20) == [10, 20]
+    await socket.disconnect()
+
+
+def wait_subscribed_sync(job) -> None:
+    from eventbus.keys import JobKeys
+    from eventbus.redis import get_redis
+
+    channel = JobKeys(job.domain, str(job.op_id)).channel
+    wait_for(lambda: get_redis().pubsub_numsub(channel)[0][1], timeout=15, message="the hub subscribed")
