@@ -104,6 +104,13 @@ class RedisServer:
             finally:
                 client.close()
 
+    def kill(self) -> None:
+        """SIGKILL, as a crash: its data stays in `data_dir` for `start()` to load again."""
+        if self.process and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self.process = None
+
     def stop(self) -> None:
         if self.process and self.process.poll() is None:
             self.process.terminate()

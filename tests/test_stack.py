@@ -220,6 +220,7 @@ def metric_sum(text: str, name: str, labels: str = "") -> float:
     return sum(float(v) for v in re.findall(pattern, text, re.M))
 
 
+@pytest.mark.make_run
 def test_the_readme_token_and_curl_work_as_written(stack):
     assert shutil.which("curl"), "The README's example runs curl: apt-get install curl"
     token = token_of(stack)
@@ -248,6 +249,7 @@ def test_the_readme_token_and_curl_work_as_written(stack):
     assert again == job
 
 
+@pytest.mark.make_run
 def test_metrics_show_every_process(stack):
     token = drf_token(stack)
     job = start_job(stack, token)
@@ -274,6 +276,7 @@ def test_metrics_show_every_process(stack):
     assert published >= 5 and applied >= 5 and misses >= 1
 
 
+@pytest.mark.make_run
 def test_ctrl_c_stops_every_process_cleanly_and_redis_last(stack):
     redis_port = stack.redis_port()
     # A job in hand when Ctrl-C comes: the worker finishes it before it stops.
@@ -357,6 +360,7 @@ def completes_after_restart(stack, job_id: str, token: str) -> None:
     assert json.loads(events.strip().splitlines()[-1]) == SCAN_EVENTS
 
 
+@pytest.mark.make_run
 def test_a_job_cut_short_by_ctrl_c_twice_completes_at_the_next_make_run(own_stack):
     job_id, token = cut_short(own_stack)
     own_stack.interrupt()  # Ctrl-C: the worker would finish the job first...
@@ -366,6 +370,7 @@ def test_a_job_cut_short_by_ctrl_c_twice_completes_at_the_next_make_run(own_stac
     completes_after_restart(own_stack, job_id, token)
 
 
+@pytest.mark.make_run
 def test_a_job_cut_short_by_a_power_cut_completes_after_the_redis_data_is_gone(own_stack):
     job_id, token = cut_short(own_stack)
     own_stack.power_cut()

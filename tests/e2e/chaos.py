@@ -70,6 +70,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settle-timeout", type=float, default=180.0)
     parser.add_argument("--worker-kills", type=int, default=None)
     parser.add_argument("--pool-kills", type=int, default=None)
+    parser.add_argument("--daphne-kills", type=int, default=None)
+    parser.add_argument(
+        "--redis-restarts",
+        type=int,
+        default=None,
+        help="Plain Redis SIGKILLed and restarted (not --cluster).",
+    )
     parser.add_argument("--short", action="store_true", help="The short run of the test suite.")
     args = parser.parse_args(argv)
 
@@ -100,10 +107,9 @@ def main(argv: list[str] | None = None) -> int:
                 settle_timeout=args.settle_timeout,
                 **values,
             )
-        if args.worker_kills is not None:
-            config.worker_kills = args.worker_kills
-        if args.pool_kills is not None:
-            config.pool_kills = args.pool_kills
+        for name in ("worker_kills", "pool_kills", "daphne_kills", "redis_restarts"):
+            if getattr(args, name) is not None:
+                setattr(config, name, getattr(args, name))
         result = run_chaos(config)
         print(result.report, flush=True)
         return 0 if result.ok else 1

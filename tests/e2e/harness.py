@@ -21,7 +21,9 @@ Faults: a router SIGKILLed every few seconds and restarted (alternately under it
 name, whose pending entries it recovers itself, and a new one, whose entries the reclaimer
 claims); a Celery worker SIGKILLed (whole process group) mid-job and restarted; a worker's
 prefork pool processes SIGKILLed mid-job (WorkerLostError: the task is requeued); CLIENT KILL
-TYPE normal, then TYPE pubsub, on every Redis server.
+TYPE normal, then TYPE pubsub, on every Redis server; the plain Redis SIGKILLed and started
+again from its append-only file (appendfsync always: nothing acknowledged is lost), with the
+broker, the cache and (unless clustered) the bus on it.
 
 Checker (see `Checker`): one Operation and one completion per key, identical responses to
 retries, each (job, stage, seq) once in the streams, state = final event, history complete,
@@ -75,6 +77,8 @@ class ChaosConfig:
     router_kill_every: tuple[float, float] = (3.0, 6.0)
     worker_kills: int = 2  # a whole worker SIGKILLed mid-job, then restarted
     pool_kills: int = 1  # a worker's pool processes SIGKILLed mid-job
+    daphne_kills: int = 1  # one of the two daphnes SIGKILLed mid-stream, then restarted
+    redis_restarts: int = 1  # the plain Redis SIGKILLed and started again from its AOF (plain runs)
     worker_concurrency: int = 2
     min_idle_ms: int = 1000  # the reclaimer's --min-idle-ms
     reclaim_interval: float = 0.5
@@ -113,7 +117,9 @@ class Topology:
 
     def start(self) -> Topology:
         try:
-            self.plain = RedisServer().start()
+            # A durable store, every write in the AOF before it is acknowledged: a SIGKILL then
+            # loses nothing acknowledged (losing recent writes is tests/gateway/test_redis_restarts.py).
+            self.plain = RedisServer(durable=True, args=("--appendfsync", "always")).start()
             if self.cluster:
                 self.cluster_servers.start()
         except BaseException:
@@ -160,6 +166,13 @@ class Topology:
             return RedisCluster.from_url(self.bus_url, decode_responses=True)
         return redis.Redis.from_url(self.bus_url, decode_responses=True)
 
+    def restart_plain(self, pause: float) -> None:
+        """SIGKILL the plain server (broker, cache, and the bus unless clustered) and start it
+        again, on its port and its AOF, after `pause` seconds."""
+        self.broker.kill()
+        time.sleep(pause)
+        self.broker.start()
+
     def client_kill(self, kind: str) -> int:
         """CLIENT KILL TYPE <kind> on every server; how many connections were killed."""
         killed = 0
@@ -180,11 +193,15 @@ class Stack:
         self.env = {
             **topology.env,
             "EVENTBUS_STAGE_SECONDS": str(config.stage_seconds),
+            "EVENTBUS_RECOVER_AFTER": "15",  # a job whose run died with Redis is sent again soon
             "CELERY_VISIBILITY_TIMEOUT": str(config.visibility_timeout),
             "LOG_LEVEL": "INFO",
         }
-        self.port = free_port()
-        self.web = Daphne(self.port, **self.env)
+        # Two daphnes: clients pick one at random for each request and connection, so the
+        # watchers of a killed one resume on the other.
+        self.ports = [free_port(), free_port()]
+        self.port = self.ports[0]
+        self.webs = [Daphne(port, **self.env) for port in self.ports]
         self.workers = [
             Worker(f"chaos-w{i}", concurrency=config.worker_concurrency, **self.env) for i in (1, 2)
         ]
@@ -216,9 +233,16 @@ class Stack:
         return router
 
     @property
+    def web(self) -> Daphne:
+        return self.webs[0]
+
+    def web_logs(self) -> str:
+        return "".join(web.log() for web in self.webs)
+
+    @property
     def live(self) -> list[Process]:
         """The processes that should be running now (the current incarnation of each)."""
-        return [self.web, *self.workers, *self.routers, self.reclaimer, self.sweeper]
+        return [*self.webs, *self.workers, *self.routers, self.reclaimer, self.sweeper]
 
     @property
     def metered(self) -> list[Process]:
@@ -237,7 +261,7 @@ class Stack:
             except BaseException as exc:  # noqa: BLE001 (reported below)
                 errors.append(exc)
 
-        threads = [threading.Thread(target=start, args=(p,)) for p in (*self.workers, self.web)]
+        threads = [threading.Thread(target=start, args=(p,)) for p in (*self.workers, *self.webs)]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -254,7 +278,7 @@ class Stack:
             assert alive(process), f"{process.name} exited:\n{process.log()[-3000:]}"
 
     def stop(self) -> None:
-        processes = [self.web, *self.workers, *self.routers, self.reclaimer, self.sweeper]
+        processes = [*self.webs, *self.workers, *self.routers, self.reclaimer, self.sweeper]
         threads = [threading.Thread(target=p.stop) for p in processes]
         for thread in threads:
             thread.start()
@@ -287,6 +311,11 @@ class Stack:
         time.sleep(pause)
         self.worker_log_start[worker.name] = len(worker.log())
         restart(worker, timeout=60)
+
+    def kill_web(self, web: Daphne, pause: float) -> None:
+        web.kill()
+        time.sleep(pause)
+        restart(web, timeout=60)
 
     def kill_pool(self, worker: Worker) -> list[int]:
         pids = child_pids(worker.pid)
@@ -487,6 +516,11 @@ class Run:
             "client_kill_normal": [],
             "client_kill_pubsub": [],
         }
+        if config.daphne_kills:
+            self.faults["daphne_kills"] = []
+        if config.redis_restarts and not config.cluster:
+            self.faults["redis_restarts"] = []
+        self.open_sockets: dict[int, int] = {}  # daphne port -> watchers connected to it now
         self.metrics: dict[int, dict] = {}  # id(process) -> last scraped samples
         self.timings: dict[str, float] = {}
         self.prefix = f"chaos{uuid.uuid4().hex[:6]}"
@@ -548,8 +582,9 @@ class Run:
         deadline = sent_at + 60
         while time.monotonic() < deadline:
             try:
+                port = self.rng.choice(self.stack.ports)
                 status, response_headers, data = await asyncio.to_thread(
-                    http_request, self.stack.port, "POST", "/api/jobs/", body=body, headers=headers
+                    http_request, port, "POST", "/api/jobs/", body=body, headers=headers
                 )
             except (OSError, http.client.HTTPException) as exc:
                 transport_errors += 1
@@ -613,15 +648,16 @@ class Run:
         rng = random.Random(self.rng.random())
         cuts_left = rng.randint(0, 3)
         last_seq = 0
-        uri = f"ws://127.0.0.1:{self.stack.port}/ws/jobs/{job.job_id}/"
         headers = {"Cookie": f"sessionid={job.user.session}"}
-        origin = Origin(f"http://127.0.0.1:{self.stack.port}")
         while not self.stop_watching.is_set():
             cut_at = None
+            port = rng.choice(self.stack.ports)
+            uri = f"ws://127.0.0.1:{port}/ws/jobs/{job.job_id}/"
+            opened = False
             try:
                 async with connect(
                     f"{uri}?last_seq={last_seq}",
-                    origin=origin,
+                    origin=Origin(f"http://127.0.0.1:{port}"),
                     additional_headers=headers,
                     open_timeout=10,
                     close_timeout=2,
@@ -630,6 +666,8 @@ class Run:
                 ) as ws:
                     watch.connections += 1
                     connection = watch.connections
+                    self.open_sockets[port] = self.open_sockets.get(port, 0) + 1
+                    opened = True
                     if cuts_left and rng.random() < 0.8:
                         cut_at = time.monotonic() + rng.uniform(0.02, 1.5)
                     while not self.stop_watching.is_set():
@@ -666,6 +704,9 @@ class Run:
                     watch.closes.append(closed.rcvd.code)
             except (OSError, InvalidHandshake, InvalidStatus, TimeoutError) as exc:
                 watch.connect_errors.append(f"{type(exc).__name__}: {exc}")
+            finally:
+                if opened:
+                    self.open_sockets[port] -= 1
             await asyncio.sleep(rng.uniform(0, 0.4))
 
     # Faults ----------------------------------------------------------------------------------------
@@ -783,6 +824,26 @@ class Run:
         self.faults[f"client_kill_{kind}"].append(killed)
         self.say(f"CLIENT KILL TYPE {kind}: {killed} connection(s)")
 
+    async def kill_daphne(self, at: float) -> None:
+        """SIGKILL the first daphne once watchers are connected to it (bounded wait), restart it."""
+        await asyncio.sleep(at)
+        web = self.stack.webs[0]
+        deadline = time.monotonic() + 20
+        while not self.open_sockets.get(web_port := self.stack.ports[0]) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        cut = self.open_sockets.get(web_port, 0)
+        await asyncio.to_thread(self.stack.kill_web, web, self.rng.uniform(0.5, 1.5))
+        self.faults["daphne_kills"].append({"sockets_cut": cut})
+        self.say(f"SIGKILL daphne :{web_port} with {cut} socket(s) open; started again")
+
+    async def restart_redis(self, at: float) -> None:
+        await asyncio.sleep(at)
+        pause = self.rng.uniform(0.2, 1.0)
+        started = time.monotonic()
+        await asyncio.to_thread(self.topology.restart_plain, pause)
+        self.faults["redis_restarts"].append({"down_seconds": round(time.monotonic() - started, 2)})
+        self.say(f"SIGKILL Redis; started again from its AOF after {pause:.2f}s")
+
     async def faults_run(self) -> None:
         self.fault_bus = self.topology.bus()
         try:
@@ -811,6 +872,17 @@ class Run:
         one_shots = [asyncio.create_task(later(kind, at)) for kind, at in scheduled]
         one_shots.append(asyncio.create_task(self.client_kill("normal", duration * 0.35)))
         one_shots.append(asyncio.create_task(self.client_kill("pubsub", duration * 0.55)))
+        one_shots.extend(
+            asyncio.create_task(self.kill_daphne(duration * (0.5 + 0.3 * i / self.config.daphne_kills)))
+            for i in range(self.config.daphne_kills)
+        )
+        if "redis_restarts" in self.faults:
+            one_shots.extend(
+                asyncio.create_task(
+                    self.restart_redis(duration * (0.45 + 0.4 * i / self.config.redis_restarts))
+                )
+                for i in range(self.config.redis_restarts)
+            )
         await asyncio.gather(*one_shots)
         await self.posts_done.wait()
         self.stop_faults.set()
@@ -962,17 +1034,21 @@ class Run:
         return details
 
     def web_metrics(self) -> dict:
+        """idempotency_requests_total by outcome, added up over both daphnes (a killed daphne's
+        counts before its kill are gone: lower bounds then)."""
         from prometheus_client.parser import text_string_to_metric_families
 
-        try:
-            status, _, body = http_request(self.stack.port, "GET", "/metrics", timeout=10)
-        except OSError:
-            return {}
-        outcomes = {}
-        for family in text_string_to_metric_families(body.decode()):
-            for sample in family.samples:
-                if sample.name == "idempotency_requests_total":
-                    outcomes[sample.labels["outcome"]] = int(sample.value)
+        outcomes: dict[str, int] = {}
+        for port in self.stack.ports:
+            try:
+                status, _, body = http_request(port, "GET", "/metrics", timeout=10)
+            except OSError:
+                continue
+            for family in text_string_to_metric_families(body.decode()):
+                for sample in family.samples:
+                    if sample.name == "idempotency_requests_total":
+                        outcome = sample.labels["outcome"]
+                        outcomes[outcome] = outcomes.get(outcome, 0) + int(sample.value)
         return outcomes
 
 
@@ -1269,7 +1345,9 @@ class Checker:
             if faults[kind] and not sum(faults[kind]):
                 self.fail(f"{kind}: no connection was killed")
         stack = self.run.stack
-        if faults["client_kill_pubsub"] and "gateway hub reconnected to Redis" not in stack.web.log():
+        if faults["daphne_kills"] and not any(kill["sockets_cut"] for kill in faults["daphne_kills"]):
+            self.fail("daphne_kills: no socket was open on the daphne killed")
+        if faults["client_kill_pubsub"] and "gateway hub reconnected to Redis" not in stack.web_logs():
             self.fail("CLIENT KILL TYPE pubsub missed the gateway hub (it never reconnected)")
         self.figures["kills_survived"] = {
             "router_sigkills": len(faults["router_kills"]),
@@ -1278,7 +1356,10 @@ class Checker:
             "pool_sigkills_mid_job": len(faults["pool_kills"]),
             "client_kill_normal_connections": sum(faults["client_kill_normal"]),
             "client_kill_pubsub_connections": sum(faults["client_kill_pubsub"]),
-            "gateway_hub_reconnections": stack.web.log().count("gateway hub reconnected to Redis"),
+            "gateway_hub_reconnections": stack.web_logs().count("gateway hub reconnected to Redis"),
+            "daphne_sigkills_mid_stream": len(faults.get("daphne_kills", ())),
+            "sockets_cut_by_daphne_kills": sum(k["sockets_cut"] for k in faults.get("daphne_kills", ())),
+            "redis_sigkills_restarted_from_aof": len(faults.get("redis_restarts", ())),
         }
 
     def count_layers(self) -> None:
@@ -1317,7 +1398,7 @@ class Checker:
             if len(self.failures) > 50:
                 lines.append(f"  ... and {len(self.failures) - 50} more")
             stack = run.stack
-            logs = [stack.web, *stack.workers, *stack.all_routers, stack.reclaimer, stack.sweeper]
+            logs = [*stack.webs, *stack.workers, *stack.all_routers, stack.reclaimer, stack.sweeper]
             lines.append("process logs: " + " ".join(str(p.log_path) for p in logs))
         else:
             lines.append("PASSED: every guarantee held")
