@@ -17,6 +17,19 @@ def _visibility_timeout() -> float:
 
 
 @register()
+def check_redis_url(app_configs=None, **kwargs):
+    """A redis+sentinel:// URL the bus cannot read, or one given with EVENTBUS['CLUSTER']."""
+    from .redis import sentinel_url
+    from .sentinel import BadSentinelURL
+
+    try:
+        sentinel_url()
+    except (BadSentinelURL, ImproperlyConfigured) as exc:
+        return [Error(f"The event bus's Redis URL: {exc}", id="eventbus.E007")]
+    return []
+
+
+@register()
 def check_job_types(app_configs=None, **kwargs):
     from .jobtypes import registry
 

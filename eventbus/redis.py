@@ -25,7 +25,7 @@ def redis_url() -> str:
     return eventbus_settings.REDIS_URL or getattr(settings, "REDIS_URL", None) or DEFAULT_REDIS_URL
 
 
-def _sentinel():
+def sentinel_url():
     """The redis+sentinel:// URL's parts when redis_url() is one (eventbus.sentinel), else None."""
     parsed = parse_sentinel_url(redis_url())
     if parsed is not None and eventbus_settings.CLUSTER:
@@ -50,7 +50,7 @@ def get_redis():
 
 def make_redis(*, client_name: str | None = None):
     """A new client for redis_url() (get_redis() shares one); a named one shows in CLIENT LIST."""
-    if (sentinel := _sentinel()) is not None:
+    if (sentinel := sentinel_url()) is not None:
         from redis.sentinel import Sentinel
 
         return sentinel.master_for(Sentinel, redis.Redis, client_name=client_name)
@@ -63,7 +63,7 @@ def make_redis(*, client_name: str | None = None):
 
 def make_async_redis():
     """A new redis.asyncio client (bound to the event loop that uses it: the caller closes it)."""
-    if (sentinel := _sentinel()) is not None:
+    if (sentinel := sentinel_url()) is not None:
         return _async_master(sentinel)
     if eventbus_settings.CLUSTER:
         from redis.asyncio.cluster import RedisCluster
@@ -78,7 +78,7 @@ def make_async_node_client():
     """A plain redis.asyncio client of the node REDIS_URL names, also in cluster mode: the
     gateway's pub/sub connection (PUBLISH reaches every node of a cluster, so one node hears
     every channel)."""
-    if (sentinel := _sentinel()) is not None:
+    if (sentinel := sentinel_url()) is not None:
         return _async_master(sentinel)
     import redis.asyncio
 
@@ -90,7 +90,7 @@ def make_async_read_client(*, max_connections: int):
     most `max_connections`, and a burst of readers queues for one instead of failing at the
     pool's limit (a reconnect resyncs every socket at once). A cluster client in cluster mode;
     with Sentinel, a client of the master whose pool follows failovers (not a blocking one)."""
-    if eventbus_settings.CLUSTER or _sentinel() is not None:
+    if eventbus_settings.CLUSTER or sentinel_url() is not None:
         return make_async_redis()
     import redis.asyncio
 

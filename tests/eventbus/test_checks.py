@@ -1,7 +1,7 @@
 import pytest
 from django.test.utils import override_settings
 
-from eventbus.checks import check_ttls
+from eventbus.checks import check_redis_url, check_ttls
 
 
 def test_the_default_settings_pass(eventbus_settings_override):
@@ -49,3 +49,23 @@ def test_the_checks_are_registered():
     from django.core.checks import registry
 
     assert check_ttls in registry.registry.get_checks()
+
+
+@pytest.mark.parametrize(
+    "values, words",
+    [
+        ({"REDIS_URL": "redis+sentinel://s1:26379"}, "master name"),
+        ({"REDIS_URL": "redis+sentinel://s1:26379/bus", "CLUSTER": True}, "not Sentinel-managed"),
+    ],
+)
+def test_a_sentinel_url_the_bus_cannot_use_is_a_check_error(eventbus_settings_override, values, words):
+    with eventbus_settings_override(**values):
+        errors = check_redis_url()
+    assert [e.id for e in errors] == ["eventbus.E007"] and words in errors[0].msg
+
+
+def test_a_plain_or_well_formed_sentinel_url_passes(eventbus_settings_override):
+    with eventbus_settings_override(REDIS_URL="redis+sentinel://s1:26379,s2:26380/bus/1"):
+        assert check_redis_url() == []
+    with eventbus_settings_override():
+        assert check_redis_url() == []
