@@ -77,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="Plain Redis SIGKILLed and restarted (not --cluster).",
     )
+    parser.add_argument(
+        "--network-stalls", type=int, default=None, help="The workers' link to Redis stalled (not --cluster)."
+    )
     parser.add_argument("--short", action="store_true", help="The short run of the test suite.")
     args = parser.parse_args(argv)
 
@@ -107,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
                 settle_timeout=args.settle_timeout,
                 **values,
             )
-        for name in ("worker_kills", "pool_kills", "daphne_kills", "redis_restarts"):
+        for name in ("worker_kills", "pool_kills", "daphne_kills", "redis_restarts", "network_stalls"):
             if getattr(args, name) is not None:
                 setattr(config, name, getattr(args, name))
         result = run_chaos(config)

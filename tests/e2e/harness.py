@@ -23,7 +23,8 @@ claims); a Celery worker SIGKILLed (whole process group) mid-job and restarted; 
 prefork pool processes SIGKILLed mid-job (WorkerLostError: the task is requeued); CLIENT KILL
 TYPE normal, then TYPE pubsub, on every Redis server; the plain Redis SIGKILLed and started
 again from its append-only file (appendfsync always: nothing acknowledged is lost), with the
-broker, the cache and (unless clustered) the bus on it.
+broker, the cache and (unless clustered) the bus on it; the workers' network to Redis (a TCP
+proxy of the harness's, tests/e2e/proxy.py) stalled for seconds, then every connection reset.
 
 Checker (see `Checker`): one Operation and one completion per key, identical responses to
 retries, each (job, stage, seq) once in the streams, state = final event, history complete,
@@ -55,6 +56,8 @@ import redis
 from config.redis_server import RedisClusterServers, RedisServer, free_port
 from tests.processes import Daphne, Manage, Process, Worker, alive, child_pids, restart, wait_for
 
+from .proxy import StallingProxy
+
 log = logging.getLogger("chaos")
 
 FINAL_SEQ = 51
@@ -79,6 +82,7 @@ class ChaosConfig:
     pool_kills: int = 1  # a worker's pool processes SIGKILLed mid-job
     daphne_kills: int = 1  # one of the two daphnes SIGKILLed mid-stream, then restarted
     redis_restarts: int = 1  # the plain Redis SIGKILLed and started again from its AOF (plain runs)
+    network_stalls: int = 1  # the workers' link to Redis stalled, then reset (plain runs)
     worker_concurrency: int = 2
     min_idle_ms: int = 1000  # the reclaimer's --min-idle-ms
     reclaim_interval: float = 0.5
@@ -188,7 +192,7 @@ class Topology:
 class Stack:
     """daphne, 2 Celery workers, 2 routers, the reclaimer and the sweeper, as real processes."""
 
-    def __init__(self, topology: Topology, config: ChaosConfig):
+    def __init__(self, topology: Topology, config: ChaosConfig, *, workers_redis: str | None = None):
         self.config = config
         self.env = {
             **topology.env,
@@ -202,8 +206,14 @@ class Stack:
         self.ports = [free_port(), free_port()]
         self.port = self.ports[0]
         self.webs = [Daphne(port, **self.env) for port in self.ports]
+        # The workers reach Redis through the harness's proxy when the network is to stall.
+        worker_env = dict(self.env)
+        if workers_redis:
+            worker_env.update(
+                REDIS_URL=workers_redis, CELERY_BROKER_URL=workers_redis, CACHE_URL=workers_redis
+            )
         self.workers = [
-            Worker(f"chaos-w{i}", concurrency=config.worker_concurrency, **self.env) for i in (1, 2)
+            Worker(f"chaos-w{i}", concurrency=config.worker_concurrency, **worker_env) for i in (1, 2)
         ]
         self.worker_log_start = {worker.name: 0 for worker in self.workers}  # log offset of the live run
         self.routers: list[Manage] = []  # the live incarnation of each router slot
@@ -520,6 +530,9 @@ class Run:
             self.faults["daphne_kills"] = []
         if config.redis_restarts and not config.cluster:
             self.faults["redis_restarts"] = []
+        self.proxy: StallingProxy | None = None
+        if config.network_stalls and not config.cluster:
+            self.faults["network_stalls"] = []
         self.open_sockets: dict[int, int] = {}  # daphne port -> watchers connected to it now
         self.metrics: dict[int, dict] = {}  # id(process) -> last scraped samples
         self.timings: dict[str, float] = {}
@@ -836,6 +849,18 @@ class Run:
         self.faults["daphne_kills"].append({"sockets_cut": cut})
         self.say(f"SIGKILL daphne :{web_port} with {cut} socket(s) open; started again")
 
+    async def stall_network(self, at: float) -> None:
+        """The workers' link to Redis holds every byte for 1.5-3 s, then resets every connection."""
+        await asyncio.sleep(at)
+        assert self.proxy is not None
+        seconds = self.rng.uniform(1.5, 3.0)
+        await asyncio.to_thread(self.proxy.stall, seconds)
+        dropped = await asyncio.to_thread(self.proxy.drop)
+        self.faults["network_stalls"].append(
+            {"stalled_seconds": round(seconds, 2), "connections_reset": dropped}
+        )
+        self.say(f"workers' network to Redis stalled {seconds:.2f}s, then {dropped} connection(s) reset")
+
     async def restart_redis(self, at: float) -> None:
         await asyncio.sleep(at)
         pause = self.rng.uniform(0.2, 1.0)
@@ -876,6 +901,13 @@ class Run:
             asyncio.create_task(self.kill_daphne(duration * (0.5 + 0.3 * i / self.config.daphne_kills)))
             for i in range(self.config.daphne_kills)
         )
+        if "network_stalls" in self.faults:
+            one_shots.extend(
+                asyncio.create_task(
+                    self.stall_network(duration * (0.6 + 0.3 * i / self.config.network_stalls))
+                )
+                for i in range(self.config.network_stalls)
+            )
         if "redis_restarts" in self.faults:
             one_shots.extend(
                 asyncio.create_task(
@@ -987,7 +1019,9 @@ class Run:
         self.plan()
         self.topology.start()
         os.environ.setdefault("REDIS_URL", self.topology.bus_url)  # tests.processes.process_env reads it
-        self._stack = Stack(self.topology, self.config)
+        if "network_stalls" in self.faults:
+            self.proxy = StallingProxy(self.topology.broker.port).start()
+        self._stack = Stack(self.topology, self.config, workers_redis=self.proxy.url if self.proxy else None)
         try:
             self.say(
                 f"seed {self.seed}; starting the stack ({'cluster' if self.config.cluster else 'plain'} Redis)"
@@ -1012,6 +1046,8 @@ class Run:
             return result
         finally:
             self.stack.stop()
+            if self.proxy is not None:
+                self.proxy.stop()
             self.topology.stop()
 
     def job_details(self) -> dict[str, tuple[int, dict | None]]:
@@ -1345,6 +1381,8 @@ class Checker:
             if faults[kind] and not sum(faults[kind]):
                 self.fail(f"{kind}: no connection was killed")
         stack = self.run.stack
+        if faults.get("network_stalls") and not any(s["connections_reset"] for s in faults["network_stalls"]):
+            self.fail("network_stalls: no worker connection went through the proxy")
         if faults["daphne_kills"] and not any(kill["sockets_cut"] for kill in faults["daphne_kills"]):
             self.fail("daphne_kills: no socket was open on the daphne killed")
         if faults["client_kill_pubsub"] and "gateway hub reconnected to Redis" not in stack.web_logs():
@@ -1360,6 +1398,8 @@ class Checker:
             "daphne_sigkills_mid_stream": len(faults.get("daphne_kills", ())),
             "sockets_cut_by_daphne_kills": sum(k["sockets_cut"] for k in faults.get("daphne_kills", ())),
             "redis_sigkills_restarted_from_aof": len(faults.get("redis_restarts", ())),
+            "worker_network_stalls": len(faults.get("network_stalls", ())),
+            "worker_connections_reset": sum(s["connections_reset"] for s in faults.get("network_stalls", ())),
         }
 
     def count_layers(self) -> None:
