@@ -122,6 +122,9 @@ def queued_task_ids(client, queue: str = "celery") -> list[str]:
 def point_broker(url: str) -> None:
     """Point the Celery app of this process at another broker (drop its pooled connections)."""
     celery_app.conf.broker_url = url
+    # The app reads Django's settings under namespace="CELERY": Celery 5.6 reads the namespaced
+    # key before the plain one, so both are set.
+    celery_app.conf.CELERY_BROKER_URL = url
     celery_app._pool = None  # kombu keeps a pool per broker: the old one is reused on the way back
     celery_app.amqp._producer_pool = None
 
