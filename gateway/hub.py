@@ -81,7 +81,16 @@ class Hub:
         while True:
             try:
                 return await self._add(channel, listener)
-            except (aioredis.ConnectionError, aioredis.TimeoutError, OSError, TimeoutError) as exc:
+            except (
+                aioredis.ConnectionError,
+                aioredis.TimeoutError,
+                OSError,
+                TimeoutError,
+                RuntimeError,
+            ) as exc:
+                # RuntimeError: the reader task was re-establishing the pub/sub connection when
+                # SUBSCRIBE came, and both read its socket (asyncio refuses a second reader).
+                # Seen in the chaos run after a Redis restart; the next try succeeds.
                 logger.warning(
                     "gateway hub: cannot subscribe %s (%s); retrying in %.2f s", channel, exc, delay
                 )
@@ -136,8 +145,9 @@ class Hub:
             try:
                 message = await self._pubsub.get_message(timeout=1.0)
                 delay = gateway_settings.RECONNECT_DELAY
-            except (aioredis.ConnectionError, aioredis.TimeoutError, OSError):
+            except (aioredis.ConnectionError, aioredis.TimeoutError, OSError, RuntimeError):
                 # redis-py retried and gave up; the next read reconnects (and on_connect resyncs).
+                # RuntimeError: a SUBSCRIBE was re-establishing the connection as we read (see add).
                 logger.warning("gateway hub lost Redis; retrying in %.2f s", delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)

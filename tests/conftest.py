@@ -78,3 +78,20 @@ def sentinel_bus(sentinel_group, settings):
         master.flushall()
     settings.EVENTBUS = {**settings.EVENTBUS, "REDIS_URL": sentinel_group.url}
     return sentinel_group
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_connection_left_behind(django_db_setup, django_db_blocker):
+    """At the end, PostgreSQL's other sessions on the test database are ended, so that it can
+    be dropped: async tests' sync_to_async threads keep a connection each, and PostgreSQL
+    refuses to drop a database in use (the test database would stay behind)."""
+    yield
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        return
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
