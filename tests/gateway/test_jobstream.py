@@ -110,6 +110,7 @@ def client_page(browser, web, *, log_in=True):
         page.fill("#id_password", "walk-the-line-42")
         page.click("button[type=submit]")
         page.wait_for_selector("#start-job")
+        page.wait_for_load_state("load")  # the scripts come after #start-job in the document
         # The job page loads the client before its own script, which uses it.
         scripts = page.locator("script[src]").evaluate_all("els => els.map(e => e.getAttribute('src'))")
         assert [s.rsplit("/", 1)[-1] for s in scripts] == ["jobstream.js", "app.js"], scripts
