@@ -21,39 +21,15 @@ logger = logging.getLogger(__name__)
 SAFE_EVICTION = "noeviction"
 
 
-CONFIG_NAMES = ("appendonly", "save", "maxmemory-policy")
-NOT_READABLE = "CONFIG GET is not allowed on this server, so its persistence and eviction cannot be checked"
-
-
 def durability_problems(client) -> list[str]:
     """What makes this server unsafe for the bus, in words; [] when nothing does."""
     try:
         config = {}
-        for name in CONFIG_NAMES:
+        for name in ("appendonly", "save", "maxmemory-policy"):
             config.update(client.config_get(name))
     except ResponseError:
         # CONFIG is disabled (managed services rename it): nothing can be read, nothing is claimed.
-        return [NOT_READABLE]
-    return problems_in(config)
-
-
-async def async_durability_problems(client) -> list[str]:
-    """durability_problems() with a redis.asyncio client (the gateway's)."""
-    try:
-        config = {}
-        for name in CONFIG_NAMES:
-            config.update(await client.config_get(name))
-    except ResponseError:
-        return [NOT_READABLE]
-    return problems_in(config)
-
-
-def problems_in(config: dict) -> list[str]:
-    """The problems of a server whose CONFIG GET answered `config`."""
-    config = {
-        (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
-        for k, v in config.items()
-    }
+        return ["CONFIG GET is not allowed on this server, so its persistence and eviction cannot be checked"]
     problems = []
     if config.get("appendonly") != "yes" and not config.get("save"):
         problems.append(
@@ -73,42 +49,21 @@ def problems_in(config: dict) -> list[str]:
     return problems
 
 
-def durability_mode() -> str:
+def check_durability(client, *, process: str) -> list[str]:
+    """Warn, refuse (ImproperlyConfigured) or say nothing about an unsafe server, by setting."""
     mode = eventbus_settings.REDIS_DURABILITY
-    if mode not in ("warn", "refuse", "ignore"):
+    if mode == "ignore":
+        return []
+    if mode not in ("warn", "refuse"):
         raise ImproperlyConfigured(
             f'EVENTBUS["REDIS_DURABILITY"] is "warn", "refuse" or "ignore", not {mode!r}.'
         )
-    return mode
-
-
-def check_durability(client, *, process: str) -> list[str]:
-    """Warn, refuse (ImproperlyConfigured) or say nothing about an unsafe server, by setting."""
-    if durability_mode() == "ignore":
-        return []
     try:
         problems = durability_problems(client)
     except RedisError as exc:  # unreachable now: the process finds out soon enough, and retries
         logger.warning("%s: could not check Redis durability: %s", process, exc)
         return []
-    return judge(problems, process=process)
-
-
-async def async_check_durability(client, *, process: str) -> list[str]:
-    """check_durability() with a redis.asyncio client (the gateway's)."""
-    if durability_mode() == "ignore":
-        return []
-    try:
-        problems = await async_durability_problems(client)
-    except RedisError as exc:
-        logger.warning("%s: could not check Redis durability: %s", process, exc)
-        return []
-    return judge(problems, process=process)
-
-
-def judge(problems: list[str], *, process: str) -> list[str]:
-    """Refuse (by setting) or warn about the problems found."""
-    if problems and durability_mode() == "refuse":
+    if problems and mode == "refuse":
         refusal = (
             f"{process}: Redis is not safe for the event bus: "
             + "; ".join(problems)

@@ -18,8 +18,8 @@ from typing import Protocol
 import redis.asyncio as aioredis
 from redis.asyncio.client import PubSub
 
-from eventbus.durability import async_check_durability
-from eventbus.redis import make_async_node_client, make_async_read_client
+from eventbus.durability import check_durability
+from eventbus.redis import get_redis, make_async_node_client, make_async_read_client
 
 from .conf import gateway_settings
 
@@ -61,7 +61,10 @@ class Hub:
         """The bus's Redis checked once per process, at the first socket (eventbus.durability):
         a warning in the log, or ImproperlyConfigured for every socket when refused by setting."""
         if self._durability is None:
-            self._durability = asyncio.ensure_future(async_check_durability(self._reads, process="gateway"))
+            # The bus's own check, once, off the event loop: no async twin of it to keep in step.
+            self._durability = asyncio.ensure_future(
+                asyncio.to_thread(check_durability, get_redis(), process="gateway")
+            )
         await asyncio.shield(self._durability)
 
     @property
