@@ -4,8 +4,8 @@ the sweeper implement only their unit of work; the loop around it is this one.
 - SIGTERM or SIGINT sets the stop flag: the unit in hand finishes, then the loop ends; a second
   signal forces the exit (eventbus.stopping). Waits between units end at once on a stop.
 - A unit that fails is logged and tried again after a backoff that doubles up to a cap, with
-  `setup()` run again first (groups re-created, pending entries re-read): a failure never
-  becomes a crash loop of the process.
+  `setup()` run again first (groups re-created, pending entries re-read) and a broken database
+  connection dropped: a failure never becomes a crash loop of the process.
 - `burst` (tests, one-off runs): stop once a unit found nothing to do, or after one unit for
   the workers whose unit is a whole pass (`one_pass_burst`). A burst run gives up with the
   error after `burst_failures` failed units in a row, rather than retrying forever.
@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 
+from django.db import close_old_connections
 from redis.exceptions import ConnectionError, TimeoutError
 
 from .stopping import GracefulStop
@@ -87,6 +88,9 @@ class LoopWorker:
                     else:
                         log.exception("%s: a unit of work failed; retrying in %.1fs", self.name, backoff)
                     ready = False
+                    # A database connection the failure broke (a killed backend, a failover)
+                    # would fail every unit after it: Django drops it only at a request's end.
+                    close_old_connections()
                     self.wait(backoff)
                     backoff = min(backoff * 2, MAX_BACKOFF)
                     continue

@@ -27,6 +27,7 @@ from urllib.parse import parse_qs
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.core.exceptions import ImproperlyConfigured
+from django.db import InterfaceError, OperationalError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -38,6 +39,7 @@ try:  # daphne's WebSocket stack: sending to a client whose connection just drop
 except ImportError:  # another ASGI server
     ClientGone = ()  # type: ignore[assignment,misc]  # catching () catches nothing
 
+from .backoff import retrying
 from .conf import gateway_settings
 from .hub import get_hub
 from .selectors import visible_operations
@@ -46,6 +48,8 @@ logger = logging.getLogger(__name__)
 
 BAD_REQUEST, NOT_LOGGED_IN, NOT_FOUND, TOO_SLOW = 4400, 4401, 4404, 4008
 MAX_SEQ = 2**53
+# A lost or refused database connection (database_sync_to_async drops it: the next try gets a new one).
+DATABASE_AWAY = (OperationalError, InterfaceError)
 _RESYNC = object()  # queue item: backfill from the history
 # The job's outcome is known (its final event carries it too, if it was published).
 ENDED = frozenset(
@@ -111,7 +115,15 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
             user = self.scope.get("user")
             if user is None or not user.is_authenticated:
                 raise RefuseConnection(NOT_LOGGED_IN, "Log in first.")
-            self.operation = await find_job(user, job_id)
+            self.operation = await retrying(
+                lambda: find_job(user, job_id),
+                DATABASE_AWAY,
+                f"job socket {job_id}: the database is away",
+                logger,
+                stop=lambda: self.closing,
+            )
+            if self.closing:
+                return
             if self.operation is None:
                 raise RefuseConnection(NOT_FOUND, "No such job.")
         except RefuseConnection as refusal:
@@ -207,17 +219,15 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
             await self.close(1011)
 
     async def _backfill_when_redis_answers(self) -> None:
-        """A Redis blip must not cost the client its socket: retry until Redis answers."""
-        delay = gateway_settings.RECONNECT_DELAY
-        while not self.closing:
-            try:
-                return await self._backfill()
-            except (RedisConnectionError, RedisTimeoutError) as exc:
-                logger.warning(
-                    "job socket %s: history unreadable (%s); retrying in %.2f s", self.job_id, exc, delay
-                )
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+        """A Redis blip (or a lost database connection, for the job's outcome) must not cost
+        the client its socket: retry until they answer."""
+        await retrying(
+            self._backfill,
+            (RedisConnectionError, RedisTimeoutError, *DATABASE_AWAY),
+            f"job socket {self.job_id}: history unreadable",
+            logger,
+            stop=lambda: self.closing,
+        )
 
     async def _send_event(self, raw, seq: int) -> None:
         await self.send(text_data=raw if isinstance(raw, str) else raw.decode())

@@ -21,9 +21,13 @@ from redis.asyncio.client import PubSub
 from eventbus.durability import check_durability
 from eventbus.redis import get_redis, make_async_node_client, make_async_read_client
 
+from .backoff import Backoff, retrying
 from .conf import gateway_settings
 
 logger = logging.getLogger(__name__)
+# Redis is away for now (a restart, a failover, a dropped connection): try again.
+REDIS_AWAY: tuple[type[BaseException], ...] = (aioredis.ConnectionError, aioredis.TimeoutError, OSError)
+REDIS_AWAY_OR_RACED: tuple[type[BaseException], ...] = (*REDIS_AWAY, RuntimeError)  # see add()
 
 
 class Listener(Protocol):
@@ -80,25 +84,15 @@ class Hub:
         """Register `listener`; returns once the channel's subscription is live, so a read
         of the history made afterwards misses nothing published later. While Redis is away
         it waits for it (the socket stays open, as on a reconnect), however long that takes."""
-        delay = gateway_settings.RECONNECT_DELAY
-        while True:
-            try:
-                return await self._add(channel, listener)
-            except (
-                aioredis.ConnectionError,
-                aioredis.TimeoutError,
-                OSError,
-                TimeoutError,
-                RuntimeError,
-            ) as exc:
-                # RuntimeError: the reader task was re-establishing the pub/sub connection when
-                # SUBSCRIBE came, and both read its socket (asyncio refuses a second reader).
-                # Seen in the chaos run after a Redis restart; the next try succeeds.
-                logger.warning(
-                    "gateway hub: cannot subscribe %s (%s); retrying in %.2f s", channel, exc, delay
-                )
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+        # RuntimeError: the reader task was re-establishing the pub/sub connection when SUBSCRIBE
+        # came, and both read its socket (asyncio refuses a second reader). Seen in the chaos run
+        # after a Redis restart; the next try succeeds.
+        await retrying(
+            lambda: self._add(channel, listener),
+            (*REDIS_AWAY_OR_RACED, TimeoutError),
+            f"gateway hub: cannot subscribe {channel}",
+            logger,
+        )
 
     async def _add(self, channel: str, listener: Listener) -> None:
         async with self._lock:
@@ -130,7 +124,7 @@ class Hub:
                 self._confirmed.pop(channel, None)
                 try:
                     await self._pubsub.unsubscribe(channel)
-                except (aioredis.ConnectionError, aioredis.TimeoutError, OSError):
+                except REDIS_AWAY:
                     pass  # the reconnect resubscribes only what is still listened to
 
     def _connected(self) -> None:
@@ -143,17 +137,16 @@ class Hub:
                 listener.resync()
 
     async def _read(self) -> None:
-        delay = gateway_settings.RECONNECT_DELAY
+        backoff = Backoff()
         while self._listeners or self._pubsub.subscribed:
             try:
                 message = await self._pubsub.get_message(timeout=1.0)
-                delay = gateway_settings.RECONNECT_DELAY
-            except (aioredis.ConnectionError, aioredis.TimeoutError, OSError, RuntimeError):
+                backoff.reset()
+            except REDIS_AWAY_OR_RACED:
                 # redis-py retried and gave up; the next read reconnects (and on_connect resyncs).
                 # RuntimeError: a SUBSCRIBE was re-establishing the connection as we read (see add).
-                logger.warning("gateway hub lost Redis; retrying in %.2f s", delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+                logger.warning("gateway hub lost Redis; retrying in %.2f s", backoff.delay)
+                await backoff.wait()
                 continue
             if message is None:
                 continue

@@ -64,6 +64,24 @@ class LeaseLost(IdempotencyError):
     remedy = "Retry with the same key: you will get the answer of the request that took the key over."
 
 
+class DatabaseUnavailable(IdempotencyError):
+    """The database connection failed while the request ran (a restart, a failover, a killed
+    backend). Whatever the request did either committed together with its stored answer or not
+    at all (or, for a view that is not atomic, stands as after any crash), so a retry is safe."""
+
+    status = 503
+    title = "The database was unavailable"
+    type = "urn:problem:idempotency-database-unavailable"
+    remedy = (
+        "Retry with the same key after the seconds in Retry-After: you get the stored answer if the "
+        "request completed, a 409 while its lease runs out, then its one execution."
+    )
+
+    def __init__(self, message: str = "", retry_after: int = 1):
+        super().__init__(message or "The database connection failed during this request; retry it.")
+        self.retry_after = retry_after
+
+
 def documented_errors() -> dict[str, type[IdempotencyError]]:
     """The problem types of this app by their slug (`urn:problem:<slug>`), for their pages."""
     errors: list[type[IdempotencyError]] = [
@@ -72,5 +90,6 @@ def documented_errors() -> dict[str, type[IdempotencyError]]:
         IdempotencyKeyMismatch,
         IdempotencyInProgress,
         LeaseLost,
+        DatabaseUnavailable,
     ]
     return {error.type.rpartition(":")[2]: error for error in errors}

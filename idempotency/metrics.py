@@ -7,11 +7,22 @@ from prometheus_client import Counter
 
 # outcome: miss (first execution), replay, conflict (in flight, 409), mismatch (422),
 # invalid (missing or malformed key, 400), takeover (expired lease taken over), lease_lost,
-# not_stored (a non-atomic view's answer given unstored).
+# not_stored (a non-atomic view's answer given unstored), database_unavailable (503: the
+# database connection failed during the request).
 REQUESTS = Counter(
     "idempotency_requests_total", "Requests seen by the idempotency layer, by outcome", ["outcome"]
 )
-for _outcome in ("miss", "replay", "conflict", "mismatch", "invalid", "takeover", "lease_lost", "not_stored"):
+for _outcome in (
+    "miss",
+    "replay",
+    "conflict",
+    "mismatch",
+    "invalid",
+    "takeover",
+    "lease_lost",
+    "not_stored",
+    "database_unavailable",
+):
     REQUESTS.labels(_outcome)
 
 

@@ -6,12 +6,16 @@ itself, so that the view's transaction can also store its answer (see execution.
 
 from __future__ import annotations
 
+import logging
+
 from asgiref.sync import async_to_sync, iscoroutinefunction
+from django.db import InterfaceError, OperationalError, close_old_connections
 from django.urls import Resolver404, get_resolver
 
 from . import metrics
 from .conf import idempotency_settings
 from .exceptions import (
+    DatabaseUnavailable,
     IdempotencyInProgress,
     IdempotencyKeyInvalid,
     IdempotencyKeyMismatch,
@@ -28,6 +32,10 @@ from .scope import resolve_scope
 from .stores.base import Outcome
 
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS", "TRACE")
+# A lost or refused database connection: the request's transaction, if any, is gone with it.
+CONNECTION_ERRORS = (OperationalError, InterfaceError)
+
+logger = logging.getLogger(__name__)
 
 
 def call_view(view_func, request, args, kwargs):
@@ -80,6 +88,20 @@ class IdempotencyMiddleware:
         policy = policy_for(view_func, request.method)
         if policy is None:
             return None
+        try:
+            return self.keyed(request, policy, view_func, view_args, view_kwargs)
+        except CONNECTION_ERRORS as exc:
+            # Not a 500: the outcome is defined (see DatabaseUnavailable) and a retry is safe.
+            logger.warning(
+                "%s %s: database connection failed (%s); answered 503", request.method, request.path, exc
+            )
+            metrics.count("database_unavailable")
+            # Drop the dead connection now (Django would at the request's end): the rest of this
+            # request (a session saved by its middleware) and the next start on a new one.
+            close_old_connections()
+            return problem_from_error(DatabaseUnavailable())
+
+    def keyed(self, request, policy, view_func, view_args, view_kwargs):
         header = idempotency_settings.HEADER
         raw_key = request.headers.get(header)
         if raw_key is None and policy.mode == OPTIONAL:

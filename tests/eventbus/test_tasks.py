@@ -15,6 +15,7 @@ from datetime import timedelta
 import pytest
 import redis
 from django.core.management import call_command
+from django.db import connection
 from django.utils import timezone
 
 from config.jobs import ScanJob
@@ -23,6 +24,7 @@ from eventbus.keys import JobKeys
 from eventbus.publish import publish_event
 from eventbus.sweep import Sweeper, enqueue_pending
 from idempotency.models import Operation
+from tests.postgres import kill_own_backend
 from tests.processes import BASE_DIR, process_env, wait_for
 
 from .helpers import broker_down, expected_events, job_events, queued_task_ids
@@ -282,6 +284,32 @@ def test_sweeper_loops_until_stopped(broker, make_operation, monkeypatch):
     monkeypatch.setattr("eventbus.sweep.enqueue_pending", counting)
     assert sweeper.run() == 1
     assert len(passes) >= 5
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="kills a PostgreSQL backend")
+def test_sweeper_outlives_its_database_backend(broker, make_operation, caplog):
+    """Its backend killed (a failover, an administrator): the failed pass is logged, the next
+    one runs on a new connection, rather than every pass after it failing on the dead one."""
+    sweeper = Sweeper(interval=0.01, older_than_seconds=0)
+    passes = []
+
+    def losing_its_backend(**kwargs):
+        passes.append(1)
+        if len(passes) == 2:
+            kill_own_backend()
+        if len(passes) == 3:
+            make_operation()
+        if len(passes) == 5:
+            threading.Thread(target=sweeper.request_stop).start()
+        return enqueue_pending(**kwargs)
+
+    monkeypatch = pytest.MonkeyPatch()
+    with monkeypatch.context() as patched:
+        patched.setattr("eventbus.sweep.enqueue_pending", losing_its_backend)
+        assert sweeper.run() == 1
+    assert len(passes) >= 5
+    assert any("a unit of work failed" in r.getMessage() for r in caplog.records)
 
 
 @pytest.mark.django_db(transaction=True)

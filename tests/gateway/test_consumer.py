@@ -97,6 +97,28 @@ async def test_backfill_then_live_without_duplicate_or_gap(job, cookie):
     await socket.disconnect()
 
 
+async def test_the_database_away_at_connect_is_waited_out_not_a_1011(job, cookie, monkeypatch, caplog):
+    """A lost database connection (a failover, a killed backend) while the socket looks its
+    job up: the socket retries until the database answers, then streams as usual."""
+    from django.db import OperationalError
+
+    find_job, failures = consumers.find_job, []
+
+    async def flaky_find_job(user, job_id):
+        if len(failures) < 2:
+            failures.append(job_id)
+            raise OperationalError("terminating connection due to administrator command")
+        return await find_job(user, job_id)
+
+    monkeypatch.setattr(consumers, "find_job", flaky_find_job)
+    await publish_and_route(job, SCAN)
+    socket = await open_socket(f"/ws/jobs/{job.op_id}/", cookie)
+    assert [f["seq"] for f in await frames_until(socket, 51)] == SCAN
+    assert len(failures) == 2
+    assert any("the database is away" in r.getMessage() for r in caplog.records)
+    await socket.disconnect()
+
+
 async def test_resume_sends_only_what_follows_last_seq(job, cookie):
     await publish_and_route(job, SCAN)
     socket = await open_socket(f"/ws/jobs/{job.op_id}/?last_seq=21", cookie)

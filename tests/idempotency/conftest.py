@@ -10,6 +10,7 @@ from . import views
 def fresh_calls():
     views.CALLS.clear()
     views.GATES.clear()
+    views.KILLS.clear()
     yield
 
 

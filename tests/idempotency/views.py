@@ -16,12 +16,15 @@ from rest_framework.views import APIView
 
 from idempotency.decorators import idempotency_key
 from idempotency.models import Operation
+from tests.postgres import kill_own_backend
 
 CALLS: Counter[str] = Counter()
 _lock = threading.Lock()
 # Set by tests that need a view to block until they let it go. One-shot: the first
 # request that asks for a gate takes it; later ones run straight through.
 GATES: dict[str, threading.Event] = {}
+# Likewise one-shot: the first request with ?kill=<name> for a name in here loses its backend.
+KILLS: set[str] = set()
 
 
 def wait_at_gate(request):
@@ -88,6 +91,10 @@ def atomic_effect(request):
     Operation.objects.create(scope="test", idem_key=uuid.uuid4().hex, domain="scan", event_type="effect")
     n = executed("atomic")
     wait_at_gate(request)
+    if request.GET.get("kill") in KILLS:
+        KILLS.discard(request.GET["kill"])
+        kill_own_backend()
+        Operation.objects.count()  # the connection is gone: OperationalError
     if request.GET.get("fail"):
         raise RuntimeError("fails after its effect")
     if request.GET.get("status"):
