@@ -18,7 +18,8 @@ def _visibility_timeout() -> float:
 
 @register()
 def check_redis_url(app_configs=None, **kwargs):
-    """A redis+sentinel:// URL the bus cannot read, or one given with EVENTBUS['CLUSTER']."""
+    """A redis+sentinel:// URL the bus cannot read, or one given with EVENTBUS['CLUSTER'];
+    WAIT_REPLICAS that is not a count, or given with a cluster."""
     from .redis import sentinel_url
     from .sentinel import BadSentinelURL
 
@@ -26,6 +27,19 @@ def check_redis_url(app_configs=None, **kwargs):
         sentinel_url()
     except (BadSentinelURL, ImproperlyConfigured) as exc:
         return [Error(f"The event bus's Redis URL: {exc}", id="eventbus.E007")]
+    replicas = eventbus_settings.WAIT_REPLICAS
+    if replicas is not None and (type(replicas) is not int or replicas < 0):
+        return [
+            Error("EVENTBUS['WAIT_REPLICAS'] is a number of replicas >= 0 (or None).", id="eventbus.E008")
+        ]
+    if replicas and eventbus_settings.CLUSTER:
+        return [
+            Error(
+                "EVENTBUS['WAIT_REPLICAS'] is for a single master (plain or Sentinel-managed), not a "
+                "Redis Cluster.",
+                id="eventbus.E008",
+            )
+        ]
     return []
 
 

@@ -40,6 +40,12 @@ DEFAULTS: dict[str, object] = {
     # What a process does when, as it starts, it finds Redis without persistence or with an
     # evicting maxmemory-policy: "warn", "refuse" (exit), or "ignore" (eventbus.durability).
     "REDIS_DURABILITY": "warn",
+    # Replicas that must have every published event before publish_event returns (Redis WAIT on
+    # the publisher's connection, up to WAIT_TIMEOUT_MS): a failover to a replica then cannot
+    # lose an event the job went past, nor the final event of a job the database says ended.
+    # None: 1 for a redis+sentinel:// URL, else 0 (no WAIT). Not with EVENTBUS["CLUSTER"].
+    "WAIT_REPLICAS": None,
+    "WAIT_TIMEOUT_MS": 500,  # below the Sentinel clients' 1 s socket timeout
     # The demo jobs' simulated work per stage, seconds (config.jobs).
     "STAGE_SECONDS": 0.2,
 }

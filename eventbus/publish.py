@@ -8,6 +8,10 @@ A task that runs again republishes the same (stage, seq): the dedup key drops th
 event whose seq is not above the job's last published seq is refused (OutOfOrderEvent): the
 router applies a job's events strictly after their predecessor, so it must not be written.
 
+With EVENTBUS["WAIT_REPLICAS"] (1 under Sentinel), a publish returns only once the replicas
+have the events; otherwise it raises NotReplicated (a redis TimeoutError: retried like a lost
+connection), so a failover cannot lose an event a job went past.
+
 A key of the job found holding the wrong type raises CorruptKey (naming the key), with nothing
 of that event written; in a batch, the job's later events are held back too (never published
 past the gap), so the whole batch can be published again once the key is repaired.
@@ -26,7 +30,7 @@ from . import metrics
 from .conf import eventbus_settings
 from .entries import event_head
 from .keys import JobKeys, UnknownDomain
-from .redis import get_redis
+from .redis import get_redis, wait_replicas
 from .scripts import PUBLISH, CorruptKey, ScriptCall, run_pipelined  # noqa: F401 (CorruptKey, raised)
 
 # One encoder, not one per json.dumps() call with options. allow_nan=False: NaN and Infinity
@@ -112,7 +116,12 @@ def _publish(batch: list[Event]) -> list:
     """Run the batch (validated first, all of it); a bool per event, None where refused."""
     previous: dict = {}
     prepared = [_prepare(event, previous) for event in batch]
-    replies = run_pipelined(get_redis(), [call for call, _ in prepared])
+    replies = run_pipelined(
+        get_redis(),
+        [call for call, _ in prepared],
+        replicas=wait_replicas(),
+        wait_ms=eventbus_settings.WAIT_TIMEOUT_MS,
+    )
     results: list = []
     counts: Counter = Counter()
     refused = failed = None

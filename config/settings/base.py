@@ -151,6 +151,9 @@ CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL") or REDIS_URL
 _broker_sentinel_options: dict = {}
 if parse_sentinel_url(CELERY_BROKER_URL):  # kombu's form: sentinel://host:port;... + master_name
     CELERY_BROKER_URL, _broker_sentinel_options = celery_broker(CELERY_BROKER_URL)
+    # Celery prefers the environment's CELERY_BROKER_URL (here the redis+sentinel:// form) to
+    # this setting, but takes its read and write URLs, which its connections use, from settings.
+    CELERY_BROKER_READ_URL = CELERY_BROKER_WRITE_URL = CELERY_BROKER_URL
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1

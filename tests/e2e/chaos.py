@@ -1,8 +1,9 @@
 """The long chaos run outside pytest (`make chaos`): the whole stack as real processes against a
 private database and private Redis, faults at random, then the checker's report.
 
-    python -m tests.e2e.chaos [--jobs 200] [--clients 20] [--duration 300] [--seed N] [--cluster]
-                              [--stage-seconds 0.4] [--settle-timeout 180] [--short]
+    python -m tests.e2e.chaos [--jobs 200] [--clients 20] [--duration 300] [--seed N]
+                              [--cluster | --sentinel] [--stage-seconds 0.4] [--settle-timeout 180]
+                              [--short] [--<fault>s N ...]
 
 The database: a SQLite file in a temporary folder, or, when DATABASE_URL names a PostgreSQL
 server, a database `chaos_<pid>` created there (dropped at the end). Exit status 0 when every
@@ -66,6 +67,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seed", type=int)
     parser.add_argument("--cluster", action="store_true", help="The event bus on a 3-master Redis Cluster.")
+    parser.add_argument(
+        "--sentinel",
+        action="store_true",
+        help="Redis as a Sentinel-managed master and replica (3 sentinels), failed over under load.",
+    )
     parser.add_argument("--stage-seconds", type=float, default=0.4)
     parser.add_argument("--settle-timeout", type=float, default=180.0)
     parser.add_argument("--worker-kills", type=int, default=None)
@@ -79,6 +85,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--network-stalls", type=int, default=None, help="The workers' link to Redis stalled (not --cluster)."
+    )
+    parser.add_argument("--failovers", type=int, default=None, help="Sentinel failovers (--sentinel).")
+    parser.add_argument(
+        "--backend-kills",
+        type=int,
+        default=None,
+        help="PostgreSQL sessions killed mid-request (DATABASE_URL on PostgreSQL).",
     )
     parser.add_argument("--short", action="store_true", help="The short run of the test suite.")
     args = parser.parse_args(argv)
@@ -99,7 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         call_command("migrate", verbosity=0)
         print(f"database {name} migrated in {time.monotonic() - started:.1f}s", flush=True)
-        values = dict(seed=args.seed, cluster=args.cluster, stage_seconds=args.stage_seconds)
+        values = dict(
+            seed=args.seed, cluster=args.cluster, sentinel=args.sentinel, stage_seconds=args.stage_seconds
+        )
         if args.short:
             config = ChaosConfig.short(**values)
         else:
@@ -110,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
                 settle_timeout=args.settle_timeout,
                 **values,
             )
-        for name in ("worker_kills", "pool_kills", "daphne_kills", "redis_restarts", "network_stalls"):
+        faults = ("worker_kills", "pool_kills", "daphne_kills", "redis_restarts", "network_stalls")
+        for name in (*faults, "failovers", "backend_kills"):
             if getattr(args, name) is not None:
                 setattr(config, name, getattr(args, name))
         result = run_chaos(config)

@@ -7,7 +7,7 @@ refutes) exactly-once from the HTTP request to the browser.
     assert result.ok
 
 Stack: a private Redis (or a 3-master Redis Cluster for the event bus plus a plain private Redis
-for Celery's broker and the cache), daphne, 2 Celery workers, 2 routers, 1 reclaimer with a short
+for Celery's broker and the cache, or a Sentinel-managed master and replica), daphne, 2 Celery workers, 2 routers, 1 reclaimer with a short
 --min-idle-ms, the sweeper; all against the database Django is configured with in this process
 (the test database under pytest, a private one under `python -m tests.e2e.chaos`).
 
@@ -25,6 +25,10 @@ TYPE normal, then TYPE pubsub, on every Redis server; the plain Redis SIGKILLed 
 again from its append-only file (appendfsync always: nothing acknowledged is lost), with the
 broker, the cache and (unless clustered) the bus on it; the workers' network to Redis (a TCP
 proxy of the harness's, tests/e2e/proxy.py) stalled for seconds, then every connection reset.
+With `sentinel`, everything Redis is a Sentinel-managed master and its replica, and a SENTINEL
+FAILOVER happens under load. On PostgreSQL, a daphne's session is killed mid-request
+(pg_terminate_backend) with every session of the workers and the sweeper: the client gets a 503
+and retries it.
 
 Checker (see `Checker`): one Operation and one completion per key, identical responses to
 retries, each (job, stage, seq) once in the streams, state = final event, history complete,
@@ -54,13 +58,16 @@ from typing import Any
 import redis
 
 from config.redis_server import RedisClusterServers, RedisServer, free_port
+from eventbus.sentinel import parse_sentinel_url
 from tests.processes import Daphne, Manage, Process, Worker, alive, child_pids, restart, wait_for
+from tests.sentinels import SentinelGroup
 
 from .proxy import StallingProxy
 
 log = logging.getLogger("chaos")
 
 FINAL_SEQ = 51
+WEB_APP = "chaos-web"  # the application_name of the daphnes' PostgreSQL sessions
 UUID_RE = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 
 
@@ -83,6 +90,9 @@ class ChaosConfig:
     daphne_kills: int = 1  # one of the two daphnes SIGKILLed mid-stream, then restarted
     redis_restarts: int = 1  # the plain Redis SIGKILLed and started again from its AOF (plain runs)
     network_stalls: int = 1  # the workers' link to Redis stalled, then reset (plain runs)
+    sentinel: bool = False  # Redis as a Sentinel-managed master and its replica (3 sentinels)
+    failovers: int = 1  # SENTINEL FAILOVER under load (sentinel runs)
+    backend_kills: int = 1  # PostgreSQL backends killed mid-request (PostgreSQL runs)
     worker_concurrency: int = 2
     min_idle_ms: int = 1000  # the reclaimer's --min-idle-ms
     reclaim_interval: float = 0.5
@@ -113,17 +123,24 @@ class Topology:
     """The run's private Redis servers. Plain: one server for everything. Cluster: a 3-master
     cluster for the event bus, and a plain server for Celery's broker and the cache."""
 
-    def __init__(self, *, cluster: bool, rng: random.Random):
+    def __init__(self, *, cluster: bool, rng: random.Random, sentinel: bool = False):
         self.cluster = cluster
         self.rng = rng
         self.cluster_servers = RedisClusterServers(3, rng=rng)
         self.plain: RedisServer | None = None
+        self.sentinels: SentinelGroup | None = None
+        self.sentinel = sentinel
 
     def start(self) -> Topology:
         try:
             # A durable store, every write in the AOF before it is acknowledged: a SIGKILL then
             # loses nothing acknowledged (losing recent writes is tests/gateway/test_redis_restarts.py).
-            self.plain = RedisServer(durable=True, args=("--appendfsync", "always")).start()
+            if self.sentinel:
+                # Everything (broker, cache, bus) on the master the sentinels name; a failover
+                # may lose what the replica had not yet received.
+                self.sentinels = SentinelGroup(durable=True, args=("--appendfsync", "always")).start()
+            else:
+                self.plain = RedisServer(durable=True, args=("--appendfsync", "always")).start()
             if self.cluster:
                 self.cluster_servers.start()
         except BaseException:
@@ -139,6 +156,8 @@ class Topology:
         self.cluster_servers.stop()
         if self.plain is not None:
             self.plain.stop()
+        if self.sentinels is not None:
+            self.sentinels.stop()
 
     @property
     def broker(self) -> RedisServer:
@@ -148,18 +167,24 @@ class Topology:
 
     @property
     def servers(self) -> list[RedisServer]:
+        if self.sentinels is not None:
+            return self.sentinels.servers
         return [*self.nodes, self.broker]
 
     @property
+    def broker_url(self) -> str:
+        return self.sentinels.url if self.sentinels is not None else self.broker.url
+
+    @property
     def bus_url(self) -> str:
-        return self.nodes[0].url if self.cluster else self.broker.url
+        return self.nodes[0].url if self.cluster else self.broker_url
 
     @property
     def env(self) -> dict[str, str]:
         return {
             "REDIS_URL": self.bus_url,
-            "CELERY_BROKER_URL": self.broker.url,
-            "CACHE_URL": self.broker.url,
+            "CELERY_BROKER_URL": self.broker_url,
+            "CACHE_URL": self.broker_url,
             "EVENTBUS_CLUSTER": "1" if self.cluster else "",
         }
 
@@ -168,7 +193,18 @@ class Topology:
             from redis.cluster import RedisCluster
 
             return RedisCluster.from_url(self.bus_url, decode_responses=True)
+        sentinel_url = parse_sentinel_url(self.bus_url)
+        if sentinel_url is not None:
+            from redis.sentinel import Sentinel
+
+            return sentinel_url.master_for(Sentinel, redis.Redis, decode_responses=True, socket_timeout=5)
         return redis.Redis.from_url(self.bus_url, decode_responses=True)
+
+    def pubsub_node(self) -> redis.Redis:
+        """A client of a node that sees every job channel's subscribers (the current master)."""
+        if self.sentinels is not None:
+            return redis.Redis(port=self.sentinels.master_port(), socket_timeout=5)
+        return redis.Redis.from_url(self.bus_url, socket_timeout=5)
 
     def restart_plain(self, pause: float) -> None:
         """SIGKILL the plain server (broker, cache, and the bus unless clustered) and start it
@@ -205,7 +241,8 @@ class Stack:
         # watchers of a killed one resume on the other.
         self.ports = [free_port(), free_port()]
         self.port = self.ports[0]
-        self.webs = [Daphne(port, **self.env) for port in self.ports]
+        # Each kind of process names its PostgreSQL sessions (libpq's PGAPPNAME), for the faults.
+        self.webs = [Daphne(port, **self.env, PGAPPNAME=WEB_APP) for port in self.ports]
         # The workers reach Redis through the harness's proxy when the network is to stall.
         worker_env = dict(self.env)
         if workers_redis:
@@ -213,7 +250,10 @@ class Stack:
                 REDIS_URL=workers_redis, CELERY_BROKER_URL=workers_redis, CACHE_URL=workers_redis
             )
         self.workers = [
-            Worker(f"chaos-w{i}", concurrency=config.worker_concurrency, **worker_env) for i in (1, 2)
+            Worker(
+                f"chaos-w{i}", concurrency=config.worker_concurrency, **worker_env, PGAPPNAME="chaos-worker"
+            )
+            for i in (1, 2)
         ]
         self.worker_log_start = {worker.name: 0 for worker in self.workers}  # log offset of the live run
         self.routers: list[Manage] = []  # the live incarnation of each router slot
@@ -227,12 +267,14 @@ class Stack:
             "--interval",
             str(config.reclaim_interval),
         )
-        self.sweeper = Manage("sweep_operations", "--interval", "2", "--older-than", "5", **self.env)
+        self.sweeper = Manage(
+            "sweep_operations", "--interval", "2", "--older-than", "5", **self.env, PGAPPNAME="chaos-sweeper"
+        )
         self._incarnations = 0
 
     def _managed(self, *args: str) -> Manage:
         port = free_port()
-        process = Manage(*args, "--metrics-port", str(port), **self.env)
+        process = Manage(*args, "--metrics-port", str(port), **self.env, PGAPPNAME=f"chaos-{args[0]}")
         self.metrics_ports[id(process)] = port
         return process
 
@@ -434,8 +476,10 @@ class Answer:
     sent_at: float
     at: float
     # Of the transport errors, those after the request went out (the connection dropped with no
-    # answer, as when daphne dies mid-request): the server may have run it and stored its answer.
+    # answer, as when daphne dies mid-request), and the 503s of a lost database connection: the
+    # server may have run it and stored its answer.
     answers_lost: int = 0
+    database_unavailable: int = 0  # 503 answers retried (the database connection was lost)
 
 
 @dataclass
@@ -518,7 +562,9 @@ class Run:
         self.config = config
         self.seed = config.seed if config.seed is not None else random.randrange(2**32)
         self.rng = random.Random(self.seed)
-        self.topology = Topology(cluster=config.cluster, rng=self.rng)
+        if config.cluster and config.sentinel:
+            raise ValueError("a run is on a Redis Cluster or on a Sentinel-managed Redis, not both")
+        self.topology = Topology(cluster=config.cluster, rng=self.rng, sentinel=config.sentinel)
         self._stack: Stack | None = None
         self.users: list[User] = []
         self.jobs: list[Job] = []
@@ -531,15 +577,28 @@ class Run:
         }
         if config.daphne_kills:
             self.faults["daphne_kills"] = []
-        if config.redis_restarts and not config.cluster:
+        plain = not (config.cluster or config.sentinel)
+        if config.redis_restarts and plain:
             self.faults["redis_restarts"] = []
         self.proxy: StallingProxy | None = None
-        if config.network_stalls and not config.cluster:
+        if config.network_stalls and plain:
             self.faults["network_stalls"] = []
+        if config.failovers and config.sentinel:
+            self.faults["failovers"] = []
+        from django.db import connection
+
+        if config.backend_kills and connection.vendor == "postgresql":
+            self.faults["backend_kills"] = []
         self.open_sockets: dict[int, int] = {}  # daphne port -> watchers connected to it now
         self.metrics: dict[int, dict] = {}  # id(process) -> last scraped samples
         self.timings: dict[str, float] = {}
         self.prefix = f"chaos{uuid.uuid4().hex[:6]}"
+
+    @property
+    def redis_kind(self) -> str:
+        if self.config.cluster:
+            return "3-master Redis Cluster"
+        return "Sentinel-managed Redis" if self.config.sentinel else "plain Redis"
 
     def say(self, message: str) -> None:
         if self.config.progress:
@@ -593,7 +652,7 @@ class Run:
             "Idempotency-Key": job.key,
             "Content-Type": "application/json",
         }
-        conflicts = transport_errors = answers_lost = 0
+        conflicts = transport_errors = answers_lost = unavailable = 0
         sent_at = time.monotonic()
         deadline = sent_at + 60
         while time.monotonic() < deadline:
@@ -607,6 +666,17 @@ class Run:
                 answers_lost += not isinstance(exc, ConnectionRefusedError)
                 self.say(f"POST {job.key}: {type(exc).__name__}: {exc}; sent again")
                 await asyncio.sleep(0.5)
+                continue
+            if status == 503 and (header(response_headers, "Content-Type") or "").startswith(
+                "application/problem+json"
+            ):
+                # The database connection was lost mid-request: the work committed with its
+                # answer (the retry replays it) or not at all. Its answer may be lost either way.
+                unavailable += 1
+                answers_lost += 1
+                if header(response_headers, "Retry-After") is None:
+                    job.failures.append(f"got a 503 without Retry-After: {response_headers}")
+                await asyncio.sleep(0.2 + self.rng.random() * 0.3)
                 continue
             if status == 409:
                 conflicts += 1
@@ -626,13 +696,14 @@ class Run:
                     sent_at,
                     time.monotonic(),
                     answers_lost,
+                    unavailable,
                 )
             )
             if status == 201 and job.job_id is None:
                 job.job_id = json.loads(data)["job_id"]
             return
         job.failures.append(
-            f"no answer but 409/transport errors for 60 s ({conflicts} x 409, "
+            f"no answer but 409/503/transport errors for 60 s ({conflicts} x 409, {unavailable} x 503, "
             f"{transport_errors} transport errors)"
         )
 
@@ -829,7 +900,7 @@ class Run:
         if kind == "pubsub":
             # Aim at the gateway hub: only while it is subscribed to a job's channel is its
             # connection of TYPE pubsub (the workers' broker pub/sub connections always are).
-            node = redis.Redis.from_url(self.topology.bus_url, socket_timeout=5)
+            node = self.topology.pubsub_node()
             try:
                 deadline = time.monotonic() + 20
                 while time.monotonic() < deadline and not any(
@@ -873,6 +944,24 @@ class Run:
         await asyncio.to_thread(self.topology.restart_plain, pause)
         self.faults["redis_restarts"].append({"down_seconds": round(time.monotonic() - started, 2)})
         self.say(f"SIGKILL Redis; started again from its AOF after {pause:.2f}s")
+
+    async def failover(self, at: float) -> None:
+        """SENTINEL FAILOVER: the replica becomes the master, the old master its replica."""
+        await asyncio.sleep(at)
+        group = self.topology.sentinels
+        assert group is not None
+        old = group.master_port()
+        started = time.monotonic()
+        new = await asyncio.to_thread(group.failover)
+        took = time.monotonic() - started
+        self.faults["failovers"].append({"from": old, "to": new, "seconds": round(took, 2)})
+        self.say(f"Sentinel failover: master :{old} -> :{new} in {took:.2f}s")
+
+    async def kill_backends(self, at: float) -> None:
+        await asyncio.sleep(at)
+        killed = await asyncio.to_thread(terminate_backends, 20.0)
+        self.faults["backend_kills"].append(killed)
+        self.say(f"pg_terminate_backend: {killed}")
 
     async def faults_run(self) -> None:
         self.fault_bus = self.topology.bus()
@@ -919,6 +1008,18 @@ class Run:
                     self.restart_redis(duration * (0.45 + 0.4 * i / self.config.redis_restarts))
                 )
                 for i in range(self.config.redis_restarts)
+            )
+        if "failovers" in self.faults:
+            one_shots.extend(
+                asyncio.create_task(self.failover(duration * (0.4 + 0.4 * i / self.config.failovers)))
+                for i in range(self.config.failovers)
+            )
+        if "backend_kills" in self.faults:
+            one_shots.extend(
+                asyncio.create_task(
+                    self.kill_backends(duration * (0.25 + 0.6 * i / self.config.backend_kills))
+                )
+                for i in range(self.config.backend_kills)
             )
         await asyncio.gather(*one_shots)
         await self.posts_done.wait()
@@ -1028,9 +1129,7 @@ class Run:
             self.proxy = StallingProxy(self.topology.broker.port).start()
         self._stack = Stack(self.topology, self.config, workers_redis=self.proxy.url if self.proxy else None)
         try:
-            self.say(
-                f"seed {self.seed}; starting the stack ({'cluster' if self.config.cluster else 'plain'} Redis)"
-            )
+            self.say(f"seed {self.seed}; starting the stack ({self.redis_kind})")
             self.stack.start()
             self.timings["startup"] = time.monotonic() - self.t0
             for user in self.users:
@@ -1093,6 +1192,39 @@ class Run:
         return outcomes
 
 
+def terminate_backends(timeout: float) -> dict[str, int]:
+    """Wait (bounded) until a daphne's PostgreSQL session is mid-request, then pg_terminate_backend
+    it with every session of the other processes of the stack (workers mid-task, the sweeper):
+    what a failover or a restart does to them. Returns how many sessions were ended, by kind."""
+    from django.db import connection
+
+    killed: dict[str, int] = {}
+    try:
+        with connection.cursor() as cursor:
+            deadline = time.monotonic() + timeout
+            while not killed.get("web_mid_request") and time.monotonic() < deadline:
+                # Django closes a request's connection at its end (CONN_MAX_AGE 0): a daphne
+                # session that exists belongs to a request (or a socket's query) in progress.
+                # One statement, so the request cannot end between seeing and killing it
+                # (a session gone meanwhile reports false: try again).
+                cursor.execute(
+                    "SELECT application_name, pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                    " AND application_name LIKE 'chaos-%%' AND EXISTS (SELECT 1 FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND application_name = %s)",
+                    [WEB_APP],
+                )
+                for name, done in cursor.fetchall():
+                    if done:
+                        key = "web_mid_request" if name == WEB_APP else name.removeprefix("chaos-")
+                        killed[key] = killed.get(key, 0) + 1
+                if not killed.get("web_mid_request"):
+                    time.sleep(0.001)
+            return killed
+    finally:
+        connection.close()  # this thread's own session, not the run's
+
+
 def streams():
     from eventbus.delivery import streams_for
 
@@ -1142,7 +1274,7 @@ class Checker:
     # L0: the API ----------------------------------------------------------------------------------
 
     def check_answers(self, jobs: list[Job]) -> None:
-        copies = conflicts = replayed = transport = lost_firsts = 0
+        copies = conflicts = replayed = transport = lost_firsts = unavailable = 0
         for job in jobs:
             copies += job.copies
             for failure in job.failures:
@@ -1151,6 +1283,7 @@ class Checker:
                 continue
             conflicts += sum(a.conflicts for a in job.answers)
             transport += sum(a.transport_errors for a in job.answers)
+            unavailable += sum(a.database_unavailable for a in job.answers)
             replayed += sum(a.replayed for a in job.answers)
             firsts = [a for a in job.answers if not a.replayed]
             lost = sum(a.answers_lost for a in job.answers)
@@ -1178,6 +1311,7 @@ class Checker:
             "replayed_answers": replayed,
             "409_in_flight_retried": conflicts,
             "transport_errors_retried": transport,
+            "503_database_unavailable_retried": unavailable,
             "first_answers_lost_in_transit": lost_firsts,
             "concurrent_keys": sum(j.concurrent for j in jobs),
         }
@@ -1394,6 +1528,8 @@ class Checker:
         stack = self.run.stack
         if faults.get("network_stalls") and not any(s["connections_reset"] for s in faults["network_stalls"]):
             self.fail("network_stalls: no worker connection went through the proxy")
+        if faults.get("backend_kills") and not any(k.get("web_mid_request") for k in faults["backend_kills"]):
+            self.fail("backend_kills: no daphne session was caught mid-request")
         if faults["daphne_kills"] and not any(kill["sockets_cut"] for kill in faults["daphne_kills"]):
             self.fail("daphne_kills: no socket was open on the daphne killed")
         if faults["client_kill_pubsub"] and "gateway hub reconnected to Redis" not in stack.web_logs():
@@ -1411,6 +1547,12 @@ class Checker:
             "redis_sigkills_restarted_from_aof": len(faults.get("redis_restarts", ())),
             "worker_network_stalls": len(faults.get("network_stalls", ())),
             "worker_connections_reset": sum(s["connections_reset"] for s in faults.get("network_stalls", ())),
+            "sentinel_failovers": len(faults.get("failovers", ())),
+            "postgres_backend_kills": len(faults.get("backend_kills", ())),
+            "postgres_sessions_ended": {
+                name: sum(k.get(name, 0) for k in faults.get("backend_kills", ()))
+                for name in sorted({name for k in faults.get("backend_kills", ()) for name in k})
+            },
         }
 
     def count_layers(self) -> None:
@@ -1438,7 +1580,7 @@ class Checker:
         run = self.run
         lines = [
             f"exactly-once chaos run: {len(run.jobs)} jobs, {len(run.users)} clients, duration "
-            f"{run.config.duration:g}s, {'3-master Redis Cluster' if run.config.cluster else 'plain Redis'}, "
+            f"{run.config.duration:g}s, {run.redis_kind}, "
             f"seed {run.seed}",
         ]
         for name, value in self.figures.items():

@@ -64,6 +64,20 @@ def test_a_sentinel_url_the_bus_cannot_use_is_a_check_error(eventbus_settings_ov
     assert [e.id for e in errors] == ["eventbus.E007"] and words in errors[0].msg
 
 
+@pytest.mark.parametrize(
+    "values, words",
+    [
+        ({"WAIT_REPLICAS": -1}, "a number of replicas"),
+        ({"WAIT_REPLICAS": "1"}, "a number of replicas"),
+        ({"WAIT_REPLICAS": 1, "CLUSTER": True}, "not a Redis Cluster"),
+    ],
+)
+def test_wait_replicas_the_bus_cannot_use_is_a_check_error(eventbus_settings_override, values, words):
+    with eventbus_settings_override(**values):
+        errors = check_redis_url()
+    assert [e.id for e in errors] == ["eventbus.E008"] and words in errors[0].msg
+
+
 def test_a_plain_or_well_formed_sentinel_url_passes(eventbus_settings_override):
     with eventbus_settings_override(REDIS_URL="redis+sentinel://s1:26379,s2:26380/bus/1"):
         assert check_redis_url() == []

@@ -9,8 +9,9 @@ from redis.sentinel import SentinelConnectionPool
 
 from eventbus import publish_event
 from eventbus.keys import JobKeys
-from eventbus.redis import get_redis
+from eventbus.redis import get_redis, wait_replicas
 from eventbus.router import Router
+from eventbus.scripts import NotReplicated
 from eventbus.sentinel import (
     BadSentinelURL,
     SentinelURL,
@@ -85,14 +86,45 @@ def test_the_bus_publishes_and_routes_across_a_failover_each_event_once(sentinel
     assert isinstance(get_redis().connection_pool, SentinelConnectionPool)
 
 
+@pytest.mark.django_db
+def test_a_publish_returns_once_the_replica_has_it_or_raises_not_replicated(sentinel_bus, settings):
+    """Under Sentinel, publish_event WAITs for the replica: an event a failover could lose is
+    never reported published. The retry (a duplicate on the master) waits again."""
+    settings.EVENTBUS = {**settings.EVENTBUS, "WAIT_TIMEOUT_MS": 200}
+    assert wait_replicas() == 1
+    publish_event("scan", "w1", "vision", 10, {})
+    with redis.Redis(port=sentinel_bus.replica_port()) as replica:
+        assert job_events(replica, "scan", "w1") == [("vision", 10)]  # there before it returned
+    sentinel_bus.pause_replica()
+    try:
+        with pytest.raises(NotReplicated, match="0 of 1 replica"):
+            publish_event("scan", "w1", "rule", 20, {})
+        with pytest.raises(NotReplicated):
+            publish_event("scan", "w1", "rule", 20, {})  # the retry: a duplicate, not yet replicated
+    finally:
+        sentinel_bus.resume_replica()
+    assert publish_event("scan", "w1", "rule", 20, {}) is False  # replicated now: the retry returns
+    with redis.Redis(port=sentinel_bus.replica_port()) as replica:
+        assert job_events(replica, "scan", "w1") == [("vision", 10), ("rule", 20)]
+
+
+@pytest.mark.django_db
+def test_no_wait_on_a_plain_redis_unless_asked(redis_client, settings):
+    assert wait_replicas() == 0
+    settings.EVENTBUS = {**settings.EVENTBUS, "WAIT_REPLICAS": 1, "WAIT_TIMEOUT_MS": 50}
+    with pytest.raises(NotReplicated):  # the suite's Redis has no replica
+        publish_event("scan", "w2", "vision", 10, {})
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_worker_on_one_sentinel_url_runs_a_job_broker_cache_and_bus(sentinel_bus, make_operation):
     operation = make_operation("scan")
-    worker = Worker("sentinel-worker", REDIS_URL=sentinel_bus.url).start()
+    # One URL for the three, as a project sets them (Celery reads CELERY_BROKER_URL from the
+    # environment before its settings: it must still get kombu's form).
+    urls = dict(REDIS_URL=sentinel_bus.url, CELERY_BROKER_URL=sentinel_bus.url, CACHE_URL=sentinel_bus.url)
+    worker = Worker("sentinel-worker", **urls).start()
     try:
-        code, log = run_command(
-            "sweep_operations", "--burst", "--older-than", "0", REDIS_URL=sentinel_bus.url
-        )
+        code, log = run_command("sweep_operations", "--burst", "--older-than", "0", **urls)
         assert code == 0, log
         wait_for(
             lambda: Operation.objects.get(pk=operation.pk).state == Operation.State.COMPLETED,

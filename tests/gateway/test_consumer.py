@@ -3,9 +3,11 @@ reset, slow clients, and a Redis pub/sub connection killed mid-stream."""
 
 import asyncio
 import json
+from datetime import timedelta
 
 import pytest
 from asgiref.sync import sync_to_async
+from django.utils import timezone
 
 from eventbus.keys import JobKeys
 from gateway import consumers
@@ -154,9 +156,33 @@ async def test_history_that_no_longer_reaches_back_gives_a_reset(job, cookie, re
 
 
 async def test_everything_expired_resets_from_the_database(job, cookie, redis_client):
+    # Older than the keys' TTL: the client's events may have expired (job keys all gone).
+    await sync_to_async(Operation.objects.filter(pk=job.pk).update)(
+        accepted_at=timezone.now() - timedelta(hours=2)
+    )
     socket = await open_socket(f"/ws/jobs/{job.op_id}/?last_seq=30", cookie)
     reset = json.loads(await socket.receive_from(timeout=5))
     assert reset["type"] == "reset" and reset["state"]["state"] == "PENDING" and reset["state"]["seq"] == 30
+
+
+async def test_a_young_job_whose_keys_were_lost_waits_for_their_republish_not_a_reset(
+    job, cookie, redis_client
+):
+    """A failover to a replica that lagged lost what the client saw (history, applied seq and
+    state of a job younger than their TTL): the job's run publishes them again, so the client
+    waits for them instead of a reset, and gets the rest once, without a gap."""
+    await publish_and_route(job, SCAN[:5])
+    await set_state(job, "RUNNING")
+    keys = JobKeys("scan", str(job.op_id))
+    redis_client.delete(keys.history, keys.applied, keys.state, keys.last_published)
+    for stage, seq in (("vision", 10), ("vision", 11), ("vision", 12), ("rule", 20), ("rule", 21)):
+        redis_client.delete(keys.published(stage, seq), keys.router_published(seq))
+    redis_client.xdel(keys.stream, *[entry_id for entry_id, _ in redis_client.xrange(keys.stream)])
+    socket = await open_socket(f"/ws/jobs/{job.op_id}/?last_seq=21", cookie, subscribed_to=job)
+    assert await socket.receive_nothing(timeout=0.5)  # no reset
+    await publish_and_route(job, SCAN)  # the run again: everything republished, then the rest
+    assert [f["seq"] for f in await frames_until(socket, 51)] == [30, 40, 50, 51]
+    assert await socket.receive_nothing(timeout=0.3)
 
 
 async def test_a_slow_client_is_closed_4008_and_resumes_losing_nothing(job, cookie, settings, monkeypatch):
