@@ -170,52 +170,141 @@ def cluster_port(rng=None) -> int:
 
 
 class RedisClusterServers:
-    """A private Redis Cluster of `masters` nodes without replicas: what `redis-cli --cluster
-    create --cluster-replicas 0` builds, done through redis-py so that no redis-cli is needed."""
+    """A private Redis Cluster of `masters` nodes, each with `replicas` replicas: what
+    `redis-cli --cluster create --cluster-replicas N` builds, done through redis-py so that no
+    redis-cli is needed."""
 
-    def __init__(self, masters: int = 3, *, rng=None):
+    def __init__(self, masters: int = 3, *, replicas: int = 0, rng=None, args: tuple[str, ...] = ()):
         self.masters = masters
+        self.replicas = replicas
         self.rng = rng
-        self.nodes: list[RedisServer] = []
+        self.args = args
+        self.nodes: list[RedisServer] = []  # the masters at creation
+        self.replica_nodes: list[RedisServer] = []
 
     @property
     def url(self) -> str:
         """Any node's URL names the cluster."""
         return self.nodes[0].url
 
+    @property
+    def servers(self) -> list[RedisServer]:
+        return [*self.nodes, *self.replica_nodes]
+
     def start(self, timeout: float = 30) -> RedisClusterServers:
         try:
             for _ in range(self.masters):
-                self.nodes.append(RedisServer(port=cluster_port(self.rng), args=CLUSTER_ARGS).start())
+                self.nodes.append(self._node())
+            for _ in range(self.masters * self.replicas):
+                self.replica_nodes.append(self._node())
             self._create(timeout)
         except BaseException:
             self.stop()
             raise
         return self
 
+    def _node(self) -> RedisServer:
+        return RedisServer(port=cluster_port(self.rng), args=(*CLUSTER_ARGS, *self.args)).start()
+
     def _create(self, timeout: float) -> None:
-        clients = [redis.Redis(port=node.port) for node in self.nodes]
+        clients = [redis.Redis(port=node.port) for node in self.servers]
         try:
-            step = CLUSTER_SLOTS // len(clients)
-            for i, client in enumerate(clients):
-                end = CLUSTER_SLOTS if i == len(clients) - 1 else (i + 1) * step
+            masters = clients[: self.masters]
+            step = CLUSTER_SLOTS // len(masters)
+            for i, client in enumerate(masters):
+                end = CLUSTER_SLOTS if i == len(masters) - 1 else (i + 1) * step
                 client.execute_command("CLUSTER ADDSLOTS", *range(i * step, end))
             for client in clients[1:]:
                 client.execute_command("CLUSTER MEET", "127.0.0.1", self.nodes[0].port)
-            deadline = time.monotonic() + timeout
-            while not all(
-                client.cluster("info").get("cluster_state") == "ok"
-                and len(client.cluster("nodes")) == len(clients)
-                for client in clients
-            ):
-                if time.monotonic() > deadline:
-                    raise RuntimeError("Redis Cluster did not reach cluster_state:ok")
-                time.sleep(0.05)
+            self._wait(clients, timeout, lambda c: len(c.cluster("nodes")) == len(clients))
+            ids = [_text(client.execute_command("CLUSTER MYID")) for client in masters]
+            for i, client in enumerate(clients[self.masters :]):
+                client.execute_command("CLUSTER REPLICATE", ids[i % self.masters])
+            self._wait(clients, timeout, lambda c: c.cluster("info").get("cluster_state") == "ok")
+            for client in clients[self.masters :]:
+                self._wait(
+                    [client], timeout, lambda c: c.info("replication").get("master_link_status") == "up"
+                )
         finally:
             for client in clients:
                 client.close()
 
+    @staticmethod
+    def _wait(clients, timeout: float, ready) -> None:
+        deadline = time.monotonic() + timeout
+        while not all(ready(client) for client in clients):
+            if time.monotonic() > deadline:
+                raise RuntimeError("Redis Cluster did not come up (cluster_state, replication)")
+            time.sleep(0.05)
+
+    def roles(self) -> dict[int, str]:
+        """Port -> "master" or "slave", as each node says now."""
+        found = {}
+        for node in self.servers:
+            with redis.Redis(port=node.port, socket_timeout=5) as client:
+                found[node.port] = client.info("replication")["role"]
+        return found
+
+    def failover(self, master_port: int, timeout: float = 30) -> int:
+        """CLUSTER FAILOVER: a replica of this master takes its place (the master stops taking
+        writes, the replica catches up, then is promoted); the new master's port once every node
+        agrees and the cluster is ok again."""
+        with redis.Redis(port=master_port, socket_timeout=5) as master:
+            master_id = _text(master.execute_command("CLUSTER MYID"))
+        replica = next(node for node in self.servers if _replica_of(node.port) == master_id)
+        deadline = time.monotonic() + timeout
+        with redis.Redis(port=replica.port, socket_timeout=5) as client:
+            # The masters vote for one replica of a master per 2 x cluster-node-timeout: a
+            # failover soon after another may be refused; the replica asks again.
+            while client.info("replication")["role"] != "master":
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"CLUSTER FAILOVER of :{master_port} did not happen")
+                client.execute_command("CLUSTER FAILOVER")
+                try:
+                    self._wait([client], 6, lambda c: c.info("replication")["role"] == "master")
+                except RuntimeError:
+                    continue
+            clients = [redis.Redis(port=node.port, socket_timeout=5) for node in self.servers]
+            try:
+                self._wait(
+                    clients,
+                    timeout,
+                    lambda c: (
+                        c.cluster("info").get("cluster_state") == "ok" and _owner_of_slots(c, replica.port)
+                    ),
+                )
+                # The demoted master follows its replica, and is one again for the next failover.
+                self._wait(
+                    [c for c in clients if c.connection_pool.connection_kwargs["port"] == master_port],
+                    timeout,
+                    lambda c: c.info("replication").get("master_link_status") == "up",
+                )
+            finally:
+                for c in clients:
+                    c.close()
+        return replica.port
+
     def stop(self) -> None:
-        for node in self.nodes:
+        for node in self.servers:
             node.stop()
-        self.nodes = []
+        self.nodes, self.replica_nodes = [], []
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _replica_of(port: int) -> str | None:
+    """The id of the master this node replicates, or None for a master."""
+    with redis.Redis(port=port, socket_timeout=5) as client:
+        nodes = client.cluster("nodes")  # redis-py parses it: address -> fields
+    myself = next(node for node in nodes.values() if "myself" in node["flags"])
+    return myself["master_id"] if "slave" in myself["flags"] else None
+
+
+def _owner_of_slots(client, port: int) -> bool:
+    """Whether this node's view of the cluster has the master on `port` owning slots."""
+    for address, node in client.cluster("nodes").items():
+        if address.endswith(f":{port}"):
+            return "master" in node["flags"] and bool(node["slots"])
+    return False

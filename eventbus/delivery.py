@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from . import metrics
 from .conf import eventbus_settings
 from .entries import MalformedEntry, RoutedEvent, parse_entry
-from .keys import dead_letter_key, shard_count, stream_key
+from .keys import UnknownDomain, dead_letter_key, shard_count, stream_key
 from .keys import domains as all_domains
+from .redis import publish_command
 from .scripts import DEAD_LETTER, ROUTE, ScriptCall
 
 # route.lua's replies.
@@ -41,9 +42,19 @@ class Stream:
 
 
 def streams_for(domains: Iterable[str] | None = None) -> list[Stream]:
-    """Every shard stream of these domains (default: every domain, keys.domains())."""
-    names = list(domains) if domains else all_domains()
-    return [Stream(name, shard) for name in names for shard in range(shard_count(name))]  # UnknownDomain
+    """Every shard stream of these domains (default: every domain, keys.domains()); an entry
+    `domain:shard` names one shard (routers per shard on a Redis Cluster)."""
+    streams: list[Stream] = []
+    for name in list(domains) if domains else all_domains():
+        domain, colon, shard = str(name).partition(":")
+        count = shard_count(domain)  # UnknownDomain
+        if not colon:
+            streams.extend(Stream(domain, n) for n in range(count))
+        elif shard.isdigit() and int(shard) < count:
+            streams.append(Stream(domain, int(shard)))
+        else:
+            raise UnknownDomain(f"No shard {name!r}: domain {domain!r} has shards 0-{count - 1}")
+    return list(dict.fromkeys(streams))
 
 
 @dataclass(slots=True)
@@ -82,12 +93,19 @@ class Delivery:
         event, settings = self.routed, eventbus_settings
         keys = event.keys
         return ROUTE.call(
-            (keys.applied, keys.router_published(event.seq), keys.state, keys.history, self.stream.key),
+            (
+                keys.applied,
+                keys.router_published(event.seq),
+                keys.state,
+                keys.history,
+                self.stream.key,
+                keys.channel,
+            ),
             (
                 event.seq,
                 event.prev_seq,
                 event.event,
-                keys.channel,
+                publish_command(),
                 group,
                 self.stream_id,
                 settings.ROUTER_DEDUP_TTL,

@@ -49,8 +49,47 @@ def durability_problems(client) -> list[str]:
     return problems
 
 
+MIN_CLUSTER_VERSION = (7, 0)  # SPUBLISH / SSUBSCRIBE
+
+
+def too_old_for_cluster(infos: dict) -> list[str]:
+    """The masters (INFO server by node name) too old for the bus on a Redis Cluster."""
+    old = []
+    for name, info in sorted(infos.items()):
+        version = str(info.get("redis_version", "0"))
+        if tuple(int(part) for part in version.split(".")[:2] if part.isdigit()) < MIN_CLUSTER_VERSION:
+            old.append(f"{name} runs Redis {version}")
+    return old
+
+
+def check_cluster_version(client, *, process: str) -> None:
+    """On a Redis Cluster the router publishes with SPUBLISH and the gateway listens with
+    SSUBSCRIBE (sharded pub/sub, Redis >= 7): refuse to start on an older master, whatever
+    REDIS_DURABILITY says, rather than fail at the first event."""
+    from redis.cluster import RedisCluster
+
+    try:
+        infos = client.info("server", target_nodes=RedisCluster.PRIMARIES)
+    except RedisError as exc:
+        logger.warning("%s: could not read the cluster's Redis versions: %s", process, exc)
+        return
+    if "redis_version" in infos:  # a one-master cluster answers for itself
+        infos = {"master": infos}
+    old = too_old_for_cluster(infos)
+    if old:
+        refusal = (
+            f"{process}: the event bus on a Redis Cluster needs Redis >= 7.0 on every master "
+            f"(sharded pub/sub: SPUBLISH, SSUBSCRIBE); " + ", ".join(old) + "."
+        )
+        logger.error("%s", refusal)
+        raise ImproperlyConfigured(refusal)
+
+
 def check_durability(client, *, process: str) -> list[str]:
-    """Warn, refuse (ImproperlyConfigured) or say nothing about an unsafe server, by setting."""
+    """Warn, refuse (ImproperlyConfigured) or say nothing about an unsafe server, by setting.
+    On a Redis Cluster, first the masters' version (check_cluster_version)."""
+    if eventbus_settings.CLUSTER:
+        check_cluster_version(client, process=process)
     mode = eventbus_settings.REDIS_DURABILITY
     if mode == "ignore":
         return []

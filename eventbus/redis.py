@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import redis
 from django.conf import settings
@@ -35,6 +36,12 @@ def sentinel_url():
             'A Redis Cluster is not Sentinel-managed: EVENTBUS["CLUSTER"] takes a redis:// URL.'
         )
     return parsed
+
+
+def publish_command() -> str:
+    """How the router publishes a job's event: SPUBLISH on a Redis Cluster (sharded pub/sub: the
+    shard's master alone carries it, where PUBLISH is copied to every node), else PUBLISH."""
+    return "SPUBLISH" if eventbus_settings.CLUSTER else "PUBLISH"
 
 
 def wait_replicas() -> int:
@@ -82,15 +89,20 @@ def make_async_redis():
     return redis.asyncio.Redis.from_url(redis_url())
 
 
-def make_async_node_client():
-    """A plain redis.asyncio client of the node REDIS_URL names, also in cluster mode: the
-    gateway's pub/sub connection (PUBLISH reaches every node of a cluster, so one node hears
-    every channel)."""
+def make_async_node_client(host: str | None = None, port: int | None = None):
+    """A plain redis.asyncio client of one server: the one REDIS_URL names (or the master the
+    sentinels name), or a cluster's node at host:port (with REDIS_URL's credentials). The
+    gateway's pub/sub connections."""
     if (sentinel := sentinel_url()) is not None:
         return _async_master(sentinel)
     import redis.asyncio
 
-    return redis.asyncio.Redis.from_url(redis_url())
+    if host is None:
+        return redis.asyncio.Redis.from_url(redis_url())
+    from redis.asyncio.connection import parse_url
+
+    options: dict[str, Any] = {**parse_url(redis_url()), "host": host, "port": port, "db": 0}
+    return redis.asyncio.Redis(**options)
 
 
 def make_async_read_client(*, max_connections: int):

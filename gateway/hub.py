@@ -1,10 +1,15 @@
-"""One Redis pub/sub connection per gateway process, multiplexed over every socket.
+"""One Redis pub/sub connection per gateway process (per master on a Redis Cluster),
+multiplexed over every socket.
 
 Sockets register a listener per job channel; the hub subscribes a channel when its first
 listener arrives and unsubscribes it when the last one leaves. Redis connections stay O(1)
-in sockets: one for pub/sub, at most GATEWAY['READ_CONNECTIONS'] for history reads. When Redis drops the connection, redis-py reconnects and resubscribes;
-messages published meanwhile are lost on pub/sub, so the hub then asks every listener to
-resync (backfill from the job's history), and nothing is lost.
+in sockets: one for pub/sub (on a cluster, one per master that owns a channel listened to: the
+router publishes with SPUBLISH and the hub listens with SSUBSCRIBE), at most
+GATEWAY['READ_CONNECTIONS'] for history reads. When Redis drops a connection, redis-py
+reconnects and resubscribes; messages published meanwhile are lost on pub/sub, so the hub then
+asks the listeners of that connection to resync (backfill from the job's history), and nothing
+is lost. On a cluster, a channel whose slot moved (a failover, a resharding) is subscribed again
+on its new master, then resynced.
 """
 
 from __future__ import annotations
@@ -18,8 +23,9 @@ from typing import Protocol
 import redis.asyncio as aioredis
 from redis.asyncio.client import PubSub
 
+from eventbus.conf import eventbus_settings
 from eventbus.durability import check_durability
-from eventbus.redis import get_redis, make_async_node_client, make_async_read_client
+from eventbus.redis import get_redis, make_async_node_client, make_async_read_client, make_async_redis
 
 from .backoff import Backoff, retrying
 from .conf import gateway_settings
@@ -37,29 +43,103 @@ class Listener(Protocol):
 
 
 class _TrackedPubSub(PubSub):
-    """A PubSub that tells its hub about every (re)connection."""
+    """A PubSub that tells its line about every (re)connection."""
 
-    hub: Hub
+    line: _Line
 
     async def on_connect(self, connection):
-        await super().on_connect(connection)
-        self.hub._connected()
+        # redis-py resubscribes every shard channel in one SSUBSCRIBE, which a cluster refuses
+        # unless they share a slot (CROSSSLOT): one command per channel instead.
+        sharded, self.shard_channels = self.shard_channels, {}
+        try:
+            await super().on_connect(connection)
+            for channel in sharded:
+                await self.ssubscribe(channel)
+        finally:
+            self.shard_channels = {**sharded, **self.shard_channels}
+        self.line.hub._connected(self.line)
+
+
+class _Line:
+    """One pub/sub connection and the task that reads it: the hub's only one on a single server
+    (classic SUBSCRIBE), or, on a Redis Cluster, one per master that owns a channel listened to
+    (SSUBSCRIBE: the router's SPUBLISH reaches that master alone)."""
+
+    def __init__(self, hub: Hub, client: aioredis.Redis, name: str, *, sharded: bool):
+        self.hub, self.client, self.name, self.sharded = hub, client, name, sharded
+        self.pubsub = _TrackedPubSub(client.connection_pool, ignore_subscribe_messages=False)
+        self.pubsub.line = self
+        self.channels: set[str] = set()  # subscribed through this line (or being)
+        self.reader: asyncio.Task | None = None
+
+    async def subscribe(self, channel: str) -> None:
+        self.channels.add(channel)
+        try:
+            await (self.pubsub.ssubscribe if self.sharded else self.pubsub.subscribe)(channel)
+        except BaseException:
+            self.channels.discard(channel)
+            raise
+        if self.reader is None or self.reader.done():
+            self.reader = asyncio.create_task(self._read(), name=f"gateway-hub-reader {self.name}")
+
+    async def unsubscribe(self, channel: str) -> None:
+        self.channels.discard(channel)  # first: the sunsubscribe that comes back is ours
+        try:
+            await (self.pubsub.sunsubscribe if self.sharded else self.pubsub.unsubscribe)(channel)
+        except REDIS_AWAY:
+            pass  # the reconnect resubscribes only what is still listened to
+
+    async def _read(self) -> None:
+        backoff = Backoff()
+        while self.channels or self.pubsub.subscribed:
+            try:
+                message = await self.pubsub.get_message(timeout=1.0)
+                backoff.reset()
+            except REDIS_AWAY_OR_RACED:
+                # redis-py retried and gave up; the next read reconnects (and on_connect resyncs).
+                # RuntimeError: a SUBSCRIBE was re-establishing the connection as we read (see add).
+                logger.warning("gateway hub lost Redis (%s); retrying in %.2f s", self.name, backoff.delay)
+                await self._recover(backoff)
+                continue
+            except aioredis.RedisError as exc:
+                # An error reply (a resubscription refused by a node that no longer owns the
+                # slot: MOVED): the reader must not die with it, or its sockets hear nothing more.
+                logger.error("gateway hub: %s on %s; resubscribing and resyncing", exc, self.name)
+                await self._recover(backoff, resync=True)
+                continue
+            if message is not None:
+                self.hub._on_message(self, message)
+
+    async def _recover(self, backoff: Backoff, *, resync: bool = False) -> None:
+        await backoff.wait()
+        if self.sharded:
+            # The master may be gone for good (a failover): its channels move to theirs.
+            await self.hub._rehome(list(self.channels), force=resync)
+        elif resync:
+            self.hub._resync(self.channels)
+
+    async def close(self) -> None:
+        if self.reader:
+            self.reader.cancel()
+        await self.pubsub.aclose()
+        await self.client.aclose()
 
 
 class Hub:
     def __init__(self):
-        # The pub/sub connection has a client of its own; reads (history, state) share a small
-        # blocking pool (eventbus.redis builds both).
-        self._redis = make_async_node_client()
+        # Reads (history, state) share a small blocking pool (eventbus.redis builds it); each
+        # pub/sub line has a client of its own.
         self._reads = make_async_read_client(max_connections=gateway_settings.READ_CONNECTIONS)
-        self._pubsub = _TrackedPubSub(self._redis.connection_pool, ignore_subscribe_messages=False)
-        self._pubsub.hub = self
+        # On a Redis Cluster, a cluster client tells which master owns a channel's slot.
+        self._cluster = make_async_redis() if eventbus_settings.CLUSTER else None
+        self._lines: dict[str, _Line] = {}
+        self._line_of: dict[str, _Line] = {}  # channel -> the line it is subscribed through
         self._listeners: dict[str, set[Listener]] = {}
         self._confirmed: dict[str, asyncio.Event] = {}
         self.reconnections = 0
-        self._reader: asyncio.Task | None = None
         self._lock = asyncio.Lock()
         self._durability: asyncio.Task | None = None
+        self._tasks: set[asyncio.Task] = set()  # channels following their slot to a new master
 
     async def check_durability(self) -> None:
         """The bus's Redis checked once per process, at the first socket (eventbus.durability):
@@ -79,6 +159,11 @@ class Hub:
     @property
     def channels(self) -> int:
         return len(self._listeners)
+
+    @property
+    def lines(self) -> int:
+        """Pub/sub connections (1 on a single server; on a cluster, the masters listened to)."""
+        return len(self._lines)
 
     async def add(self, channel: str, listener: Listener) -> None:
         """Register `listener`; returns once the channel's subscription is live, so a read
@@ -101,17 +186,33 @@ class Hub:
             if len(listeners) == 1:
                 self._confirmed[channel] = asyncio.Event()
                 try:
-                    await self._pubsub.subscribe(channel)
+                    await self._subscribe(channel)
                 except BaseException:
                     # Not subscribed: the next try (or the next listener) subscribes again.
                     del self._listeners[channel]
                     self._confirmed.pop(channel, None)
                     raise
-                if self._reader is None or self._reader.done():
-                    self._reader = asyncio.create_task(self._read(), name="gateway-hub-reader")
             confirmed = self._confirmed[channel]
         # A reconnection meanwhile subscribes again, and the reader confirms it then.
         await asyncio.wait_for(confirmed.wait(), gateway_settings.SUBSCRIBE_TIMEOUT)
+
+    async def _subscribe(self, channel: str) -> None:
+        line = await self._line_for(channel)
+        await line.subscribe(channel)
+        self._line_of[channel] = line
+
+    async def _line_for(self, channel: str) -> _Line:
+        if self._cluster is None:
+            name, sharded = "redis", False
+        else:
+            await self._cluster.initialize()  # the slot map, once (a no-op after)
+            node = self._cluster.get_node_from_key(channel)
+            name, sharded = node.name, True
+        line = self._lines.get(name)
+        if line is None:
+            client = make_async_node_client(node.host, node.port) if sharded else make_async_node_client()
+            line = self._lines[name] = _Line(self, client, name, sharded=sharded)
+        return line
 
     async def remove(self, channel: str, listener: Listener) -> None:
         async with self._lock:
@@ -122,56 +223,94 @@ class Hub:
             if not listeners:
                 del self._listeners[channel]
                 self._confirmed.pop(channel, None)
-                try:
-                    await self._pubsub.unsubscribe(channel)
-                except REDIS_AWAY:
-                    pass  # the reconnect resubscribes only what is still listened to
+                line = self._line_of.pop(channel, None)
+                if line is not None:
+                    await line.unsubscribe(channel)
 
-    def _connected(self) -> None:
+    def _connected(self, line: _Line) -> None:
         # redis-py calls this on every reconnection (a pooled connection is handed out already
         # connected, so not for the first). Whatever was published meanwhile is in the history.
         self.reconnections += 1
-        logger.warning("gateway hub reconnected to Redis; resyncing %d channel(s)", len(self._listeners))
-        for listeners in list(self._listeners.values()):
-            for listener in list(listeners):
+        logger.warning(
+            "gateway hub reconnected to Redis (%s); resyncing %d channel(s)", line.name, len(line.channels)
+        )
+        self._resync(line.channels)
+
+    def _resync(self, channels) -> None:
+        for channel in list(channels):
+            for listener in list(self._listeners.get(channel, ())):
                 listener.resync()
 
-    async def _read(self) -> None:
-        backoff = Backoff()
-        while self._listeners or self._pubsub.subscribed:
-            try:
-                message = await self._pubsub.get_message(timeout=1.0)
-                backoff.reset()
-            except REDIS_AWAY_OR_RACED:
-                # redis-py retried and gave up; the next read reconnects (and on_connect resyncs).
-                # RuntimeError: a SUBSCRIBE was re-establishing the connection as we read (see add).
-                logger.warning("gateway hub lost Redis; retrying in %.2f s", backoff.delay)
-                await backoff.wait()
-                continue
-            if message is None:
-                continue
-            channel = message["channel"].decode()
-            if message["type"] == "message":
-                listeners = list(self._listeners.get(channel, ()))
-                if listeners:
-                    try:
-                        event = json.loads(message["data"])  # once, whatever the sockets on the channel
-                        event["seq"]
-                    except (ValueError, TypeError, KeyError):
-                        # Not the router's: nobody else may stop the stream of every socket.
-                        logger.warning("gateway hub: ignored a message on %s that is not an event", channel)
-                        continue
-                    for listener in listeners:
-                        listener.deliver(message["data"], event)
-            elif message["type"] == "subscribe" and channel in self._confirmed:
-                self._confirmed[channel].set()
+    def _on_message(self, line: _Line, message: dict) -> None:
+        channel = message["channel"].decode()
+        kind = message["type"]
+        if kind in ("message", "smessage"):
+            listeners = list(self._listeners.get(channel, ()))
+            if listeners:
+                try:
+                    event = json.loads(message["data"])  # once, whatever the sockets on the channel
+                    event["seq"]
+                except (ValueError, TypeError, KeyError):
+                    # Not the router's: nobody else may stop the stream of every socket.
+                    logger.warning("gateway hub: ignored a message on %s that is not an event", channel)
+                    return
+                for listener in listeners:
+                    listener.deliver(message["data"], event)
+        elif kind in ("subscribe", "ssubscribe") and channel in self._confirmed:
+            self._confirmed[channel].set()
+        elif kind == "sunsubscribe" and channel in line.channels:
+            # Not ours: the channel's slot moved to another master, which Redis tells its
+            # subscribers so. Follow it there (and never resubscribe it on this line).
+            line.channels.discard(channel)
+            line.pubsub.shard_channels.pop(message["channel"], None)
+            task = asyncio.get_running_loop().create_task(self._rehome([channel]))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _rehome(self, channels: list[str], *, force: bool = False) -> None:
+        """Cluster: refresh the slot map and subscribe each channel still listened to on the
+        master that owns it now (a failover, a slot moved), then resync its sockets from the
+        history: what was published meanwhile went to a connection that no longer hears it.
+        With `force`, channels that stay on their master are subscribed and resynced again too."""
+        assert self._cluster is not None
+        try:
+            await self._cluster.nodes_manager.initialize()
+        except REDIS_AWAY as exc:
+            logger.warning("gateway hub: the cluster's slot map could not be read (%s)", exc)
+            return
+        moved = []
+        async with self._lock:
+            for channel in channels:
+                if channel not in self._listeners:
+                    continue
+                old = self._line_of.get(channel)
+                new = await self._line_for(channel)
+                if new is old and channel in old.channels and not force:
+                    continue
+                if old is not None and old is not new:
+                    old.channels.discard(channel)
+                    old.pubsub.shard_channels.pop(channel.encode(), None)
+                try:
+                    await new.subscribe(channel)
+                except REDIS_AWAY_OR_RACED as exc:
+                    logger.warning("gateway hub: cannot subscribe %s on %s yet (%s)", channel, new.name, exc)
+                    continue
+                self._line_of[channel] = new
+                moved.append(channel)
+            for name, line in list(self._lines.items()):
+                if not line.channels and line not in self._line_of.values():
+                    del self._lines[name]
+                    asyncio.get_running_loop().create_task(line.close())
+        if moved:
+            logger.warning("gateway hub: %d channel(s) moved to their new master; resyncing", len(moved))
+            self._resync(moved)
 
     async def close(self) -> None:
-        if self._reader:
-            self._reader.cancel()
-        await self._pubsub.aclose()
+        for line in self._lines.values():
+            await line.close()
         await self._reads.aclose()
-        await self._redis.aclose()
+        if self._cluster is not None:
+            await self._cluster.aclose()
 
 
 _hubs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Hub] = weakref.WeakKeyDictionary()

@@ -5,10 +5,13 @@
 -- KEYS[3] state key        {d:s}:state:<job_id>  (string)
 -- KEYS[4] history key      {d:s}:history:<job_id>  (sorted set: score seq, member event JSON)
 -- KEYS[5] stream key       {d:s}:events  (stream)
+-- KEYS[6] channel          {d:s}:channel:<job_id>, the job's pub/sub channel (declared as a key:
+--                          on a Redis Cluster it is a shard channel of the script's slot)
 -- ARGV[1] seq
 -- ARGV[2] prev_seq         the job's seq published just before this one (0 for the first)
 -- ARGV[3] event JSON       published, stored in the history and (if newer) as the state
--- ARGV[4] channel          the job's pub/sub channel
+-- ARGV[4] publish command  SPUBLISH on a Redis Cluster (the shard's master alone carries the
+--                          message), PUBLISH on a single server
 -- ARGV[5] group            consumer group that holds the entry
 -- ARGV[6] stream id        the entry, acked on applied or duplicate
 -- ARGV[7] router dedup ttl seconds, also the applied seq key's
@@ -58,7 +61,7 @@ if redis.call('ZCARD', KEYS[4]) > tonumber(ARGV[10]) then
   redis.call('ZREMRANGEBYRANK', KEYS[4], 0, -tonumber(ARGV[10]) - 1)
 end
 redis.call('EXPIRE', KEYS[4], ARGV[9])
-redis.call('PUBLISH', ARGV[4], ARGV[3])
+redis.call(ARGV[4], KEYS[6], ARGV[3])
 redis.call('SET', KEYS[2], 1, 'EX', ARGV[7])
 redis.call('XACK', KEYS[5], ARGV[5], ARGV[6])
 return 1

@@ -86,7 +86,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--network-stalls", type=int, default=None, help="The workers' link to Redis stalled (not --cluster)."
     )
-    parser.add_argument("--failovers", type=int, default=None, help="Sentinel failovers (--sentinel).")
+    parser.add_argument(
+        "--failovers",
+        type=int,
+        default=None,
+        help="Failovers: SENTINEL FAILOVER (--sentinel) or CLUSTER FAILOVER of a master (--cluster).",
+    )
     parser.add_argument(
         "--backend-kills",
         type=int,

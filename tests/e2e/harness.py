@@ -7,7 +7,8 @@ refutes) exactly-once from the HTTP request to the browser.
     assert result.ok
 
 Stack: a private Redis (or a 3-master Redis Cluster for the event bus plus a plain private Redis
-for Celery's broker and the cache, or a Sentinel-managed master and replica), daphne, 2 Celery workers, 2 routers, 1 reclaimer with a short
+for Celery's broker and the cache, or a Sentinel-managed master and replica), 2 daphnes,
+2 Celery workers, 2 routers, 1 reclaimer with a short
 --min-idle-ms, the sweeper; all against the database Django is configured with in this process
 (the test database under pytest, a private one under `python -m tests.e2e.chaos`).
 
@@ -26,7 +27,8 @@ again from its append-only file (appendfsync always: nothing acknowledged is los
 broker, the cache and (unless clustered) the bus on it; the workers' network to Redis (a TCP
 proxy of the harness's, tests/e2e/proxy.py) stalled for seconds, then every connection reset.
 With `sentinel`, everything Redis is a Sentinel-managed master and its replica, and a SENTINEL
-FAILOVER happens under load. On PostgreSQL, a daphne's session is killed mid-request
+FAILOVER happens under load; on the cluster, each master has a replica and a CLUSTER FAILOVER of
+a master happens under load (the gateway hub follows its channels to the new master). On PostgreSQL, a daphne's session is killed mid-request
 (pg_terminate_backend) with every session of the workers and the sweeper: the client gets a 503
 and retries it.
 
@@ -91,7 +93,7 @@ class ChaosConfig:
     redis_restarts: int = 1  # the plain Redis SIGKILLed and started again from its AOF (plain runs)
     network_stalls: int = 1  # the workers' link to Redis stalled, then reset (plain runs)
     sentinel: bool = False  # Redis as a Sentinel-managed master and its replica (3 sentinels)
-    failovers: int = 1  # SENTINEL FAILOVER under load (sentinel runs)
+    failovers: int = 1  # SENTINEL FAILOVER, or CLUSTER FAILOVER of a master, under load
     backend_kills: int = 1  # PostgreSQL backends killed mid-request (PostgreSQL runs)
     worker_concurrency: int = 2
     min_idle_ms: int = 1000  # the reclaimer's --min-idle-ms
@@ -121,12 +123,13 @@ class ChaosConfig:
 
 class Topology:
     """The run's private Redis servers. Plain: one server for everything. Cluster: a 3-master
-    cluster for the event bus, and a plain server for Celery's broker and the cache."""
+    cluster for the event bus (a replica per master when it is failed over), and a plain server
+    for Celery's broker and the cache."""
 
-    def __init__(self, *, cluster: bool, rng: random.Random, sentinel: bool = False):
+    def __init__(self, *, cluster: bool, rng: random.Random, sentinel: bool = False, replicas: int = 0):
         self.cluster = cluster
         self.rng = rng
-        self.cluster_servers = RedisClusterServers(3, rng=rng)
+        self.cluster_servers = RedisClusterServers(3, replicas=replicas, rng=rng)
         self.plain: RedisServer | None = None
         self.sentinels: SentinelGroup | None = None
         self.sentinel = sentinel
@@ -169,7 +172,7 @@ class Topology:
     def servers(self) -> list[RedisServer]:
         if self.sentinels is not None:
             return self.sentinels.servers
-        return [*self.nodes, self.broker]
+        return [*self.cluster_servers.servers, self.broker]
 
     @property
     def broker_url(self) -> str:
@@ -200,11 +203,19 @@ class Topology:
             return sentinel_url.master_for(Sentinel, redis.Redis, decode_responses=True, socket_timeout=5)
         return redis.Redis.from_url(self.bus_url, decode_responses=True)
 
-    def pubsub_node(self) -> redis.Redis:
-        """A client of a node that sees every job channel's subscribers (the current master)."""
-        if self.sentinels is not None:
-            return redis.Redis(port=self.sentinels.master_port(), socket_timeout=5)
-        return redis.Redis.from_url(self.bus_url, socket_timeout=5)
+    def job_channels_listened(self) -> bool:
+        """Whether a gateway hub listens to a job's channel: classic channels on the (current)
+        master, or on a cluster a shard channel on any master (SSUBSCRIBE)."""
+        if self.cluster:
+            ports, command = [node.port for node in self.cluster_servers.servers], "PUBSUB SHARDCHANNELS"
+        else:
+            port = self.sentinels.master_port() if self.sentinels is not None else self.broker.port
+            ports, command = [port], "PUBSUB CHANNELS"
+        for port in ports:
+            with redis.Redis(port=port, socket_timeout=5) as client:
+                if any(b":channel:" in channel for channel in client.execute_command(command)):
+                    return True
+        return False
 
     def restart_plain(self, pause: float) -> None:
         """SIGKILL the plain server (broker, cache, and the bus unless clustered) and start it
@@ -564,7 +575,12 @@ class Run:
         self.rng = random.Random(self.seed)
         if config.cluster and config.sentinel:
             raise ValueError("a run is on a Redis Cluster or on a Sentinel-managed Redis, not both")
-        self.topology = Topology(cluster=config.cluster, rng=self.rng, sentinel=config.sentinel)
+        self.topology = Topology(
+            cluster=config.cluster,
+            rng=self.rng,
+            sentinel=config.sentinel,
+            replicas=1 if config.cluster and config.failovers else 0,
+        )
         self._stack: Stack | None = None
         self.users: list[User] = []
         self.jobs: list[Job] = []
@@ -583,7 +599,7 @@ class Run:
         self.proxy: StallingProxy | None = None
         if config.network_stalls and plain:
             self.faults["network_stalls"] = []
-        if config.failovers and config.sentinel:
+        if config.failovers and (config.sentinel or config.cluster):
             self.faults["failovers"] = []
         from django.db import connection
 
@@ -597,7 +613,8 @@ class Run:
     @property
     def redis_kind(self) -> str:
         if self.config.cluster:
-            return "3-master Redis Cluster"
+            replicas = " with a replica each" if self.topology.cluster_servers.replicas else ""
+            return f"3-master Redis Cluster{replicas}"
         return "Sentinel-managed Redis" if self.config.sentinel else "plain Redis"
 
     def say(self, message: str) -> None:
@@ -900,15 +917,11 @@ class Run:
         if kind == "pubsub":
             # Aim at the gateway hub: only while it is subscribed to a job's channel is its
             # connection of TYPE pubsub (the workers' broker pub/sub connections always are).
-            node = self.topology.pubsub_node()
-            try:
-                deadline = time.monotonic() + 20
-                while time.monotonic() < deadline and not any(
-                    b":channel:" in c for c in await asyncio.to_thread(node.pubsub_channels)
-                ):
-                    await asyncio.sleep(0.05)
-            finally:
-                node.close()
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and not await asyncio.to_thread(
+                self.topology.job_channels_listened
+            ):
+                await asyncio.sleep(0.05)
         killed = await asyncio.to_thread(self.topology.client_kill, kind)
         self.faults[f"client_kill_{kind}"].append(killed)
         self.say(f"CLIENT KILL TYPE {kind}: {killed} connection(s)")
@@ -946,16 +959,24 @@ class Run:
         self.say(f"SIGKILL Redis; started again from its AOF after {pause:.2f}s")
 
     async def failover(self, at: float) -> None:
-        """SENTINEL FAILOVER: the replica becomes the master, the old master its replica."""
+        """SENTINEL FAILOVER, or on the cluster CLUSTER FAILOVER of a master picked at random:
+        the replica becomes the master, the old master its replica."""
         await asyncio.sleep(at)
-        group = self.topology.sentinels
-        assert group is not None
-        old = group.master_port()
         started = time.monotonic()
-        new = await asyncio.to_thread(group.failover)
+        if self.config.cluster:
+            servers = self.topology.cluster_servers
+            old = self.rng.choice(sorted(port for port, role in servers.roles().items() if role == "master"))
+            new = await asyncio.to_thread(servers.failover, old)
+            kind = "Cluster"
+        else:
+            group = self.topology.sentinels
+            assert group is not None
+            old = group.master_port()
+            new = await asyncio.to_thread(group.failover)
+            kind = "Sentinel"
         took = time.monotonic() - started
         self.faults["failovers"].append({"from": old, "to": new, "seconds": round(took, 2)})
-        self.say(f"Sentinel failover: master :{old} -> :{new} in {took:.2f}s")
+        self.say(f"{kind} failover: master :{old} -> :{new} in {took:.2f}s")
 
     async def kill_backends(self, at: float) -> None:
         await asyncio.sleep(at)
@@ -1542,12 +1563,15 @@ class Checker:
             "client_kill_normal_connections": sum(faults["client_kill_normal"]),
             "client_kill_pubsub_connections": sum(faults["client_kill_pubsub"]),
             "gateway_hub_reconnections": stack.web_logs().count("gateway hub reconnected to Redis"),
+            "gateway_hub_channels_followed_to_a_new_master": stack.web_logs().count(
+                "moved to their new master"
+            ),
             "daphne_sigkills_mid_stream": len(faults.get("daphne_kills", ())),
             "sockets_cut_by_daphne_kills": sum(k["sockets_cut"] for k in faults.get("daphne_kills", ())),
             "redis_sigkills_restarted_from_aof": len(faults.get("redis_restarts", ())),
             "worker_network_stalls": len(faults.get("network_stalls", ())),
             "worker_connections_reset": sum(s["connections_reset"] for s in faults.get("network_stalls", ())),
-            "sentinel_failovers": len(faults.get("failovers", ())),
+            "failovers": len(faults.get("failovers", ())),
             "postgres_backend_kills": len(faults.get("backend_kills", ())),
             "postgres_sessions_ended": {
                 name: sum(k.get(name, 0) for k in faults.get("backend_kills", ()))

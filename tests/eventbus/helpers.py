@@ -7,6 +7,8 @@ import json
 import time
 from contextlib import contextmanager
 
+import redis
+
 from config import celery_app
 from config.redis_server import free_port
 from eventbus.keys import JobKeys
@@ -59,6 +61,39 @@ def job_ids_on_shard(domain: str, shard: int, count: int, prefix: str = "job") -
             found.append(job_id)
         n += 1
     return found
+
+
+def shard_subscribers(cluster, channel: str) -> int:
+    """SHARDNUMSUB of a shard channel, asked of the master that owns it."""
+    node = cluster.get_node_from_key(channel)
+    with redis.Redis(host=node.host, port=node.port) as client:
+        return int(client.pubsub_shardnumsub(channel)[0][1])
+
+
+class ShardSubscriber:
+    """SSUBSCRIBE to these shard channels of a Redis Cluster, each on the master that owns it
+    (redis-py's ClusterPubSub), subscribed before anything is published."""
+
+    def __init__(self, cluster, channels: list[str]):
+        self.pubsub = cluster.pubsub(ignore_subscribe_messages=True)
+        self.pubsub.ssubscribe(*channels)
+        wait_for(
+            lambda: all(shard_subscribers(cluster, channel) == 1 for channel in channels),
+            message="the shard channel subscriptions",
+        )
+        self.events: list[dict] = []
+
+    def receive(self, count: int, timeout: float = 20) -> list[dict]:
+        def enough():
+            while (message := self.pubsub.get_sharded_message(timeout=0.01)) is not None:
+                self.events.append(json.loads(message["data"]))
+            return len(self.events) >= count
+
+        wait_for(enough, timeout=timeout, interval=0, message=f"{count} published events")
+        return self.events
+
+    def close(self):
+        self.pubsub.close()
 
 
 class Subscriber:

@@ -1,8 +1,11 @@
 """Every script of the bus on a real 3-master Redis Cluster: all keys of a call share the slot
-of their {domain:shard} tag, so nothing fails with CROSSSLOT."""
+of their {domain:shard} tag, so nothing fails with CROSSSLOT; the router publishes with
+SPUBLISH, which only the shard's master carries (no broadcast to every node)."""
 
 from io import StringIO
 
+import pytest
+import redis
 from django.core.management import call_command
 
 from eventbus import publish_event, publish_events
@@ -12,7 +15,7 @@ from eventbus.reclaimer import Reclaimer
 from eventbus.redis import get_redis
 from eventbus.router import Router
 
-from .helpers import Subscriber, dead_letters, history_seqs, pending, state
+from .helpers import ShardSubscriber, Subscriber, dead_letters, history_seqs, pending, state
 
 JOBS = [("scan", f"cj{n}") for n in range(8)] + [("chat", f"cc{n}") for n in range(8)]
 
@@ -23,8 +26,10 @@ def test_the_streams_spread_over_the_three_masters(cluster):
     assert type(get_redis()).__name__ == "RedisCluster"
 
 
-def test_publish_route_reclaim_dead_letter_and_redrive_on_the_cluster(cluster):
-    subscriber = Subscriber(cluster.get_random_node().redis_connection)  # PUBLISH reaches every node
+def test_publish_route_reclaim_dead_letter_and_redrive_on_the_cluster(cluster, redis_cluster_nodes):
+    subscriber = ShardSubscriber(cluster, [JobKeys(d, j).channel for d, j in JOBS])
+    # Classic subscribers on every node hear nothing: SPUBLISH is not copied across the cluster.
+    broadcast = [Subscriber(redis.Redis(port=node.port)) for node in redis_cluster_nodes]
     assert publish_event("scan", "cj0", "vision", 10, {"n": 0}) is True
     assert publish_event("scan", "cj0", "vision", 10, {"n": 0}) is False
     assert publish_events([(d, j, "vision", 10, {}) for d, j in JOBS]) == [False] + [True] * (len(JOBS) - 1)
@@ -63,7 +68,29 @@ def test_publish_route_reclaim_dead_letter_and_redrive_on_the_cluster(cluster):
     assert history_seqs(cluster, "chat", "cc3") == [10, 11, 12, 13]
     assert state(cluster, "chat", "cc3")["seq"] == 13
     assert all(pending(cluster, s.key) == 0 for s in streams_for())
+    assert len(subscriber.receive(4 * len(JOBS))) == 4 * len(JOBS)  # 10-13 of every job, once
+    assert all(b.drain() == [] for b in broadcast)
     subscriber.close()
+    for b in broadcast:
+        b.close()
+
+
+def test_the_processes_refuse_a_cluster_master_older_than_redis_7(cluster):
+    from django.core.exceptions import ImproperlyConfigured
+
+    from eventbus.durability import check_cluster_version, too_old_for_cluster
+
+    check_cluster_version(cluster, process="test")  # the suite's servers: 7.x
+    assert too_old_for_cluster({"a:1": {"redis_version": "7.0.15"}, "b:2": {"redis_version": "6.2.14"}}) == [
+        "b:2 runs Redis 6.2.14"
+    ]
+
+    class OldServers:
+        def info(self, section, target_nodes=None):
+            return {"127.0.0.1:7001": {"redis_version": "6.2.6"}}
+
+    with pytest.raises(ImproperlyConfigured, match=r"needs Redis >= 7.0 .* 127.0.0.1:7001 runs Redis 6.2.6"):
+        check_cluster_version(OldServers(), process="router")
 
 
 def test_scripts_are_loaded_again_on_every_master_after_a_flush(cluster, redis_cluster_nodes):

@@ -90,11 +90,11 @@ def test_the_bus_publishes_and_routes_across_a_failover_each_event_once(sentinel
 def test_a_publish_returns_once_the_replica_has_it_or_raises_not_replicated(sentinel_bus, settings):
     """Under Sentinel, publish_event WAITs for the replica: an event a failover could lose is
     never reported published. The retry (a duplicate on the master) waits again."""
-    settings.EVENTBUS = {**settings.EVENTBUS, "WAIT_TIMEOUT_MS": 200}
     assert wait_replicas() == 1
     publish_event("scan", "w1", "vision", 10, {})
     with redis.Redis(port=sentinel_bus.replica_port()) as replica:
         assert job_events(replica, "scan", "w1") == [("vision", 10)]  # there before it returned
+    settings.EVENTBUS = {**settings.EVENTBUS, "WAIT_TIMEOUT_MS": 200}
     sentinel_bus.pause_replica()
     try:
         with pytest.raises(NotReplicated, match="0 of 1 replica"):
@@ -103,6 +103,7 @@ def test_a_publish_returns_once_the_replica_has_it_or_raises_not_replicated(sent
             publish_event("scan", "w1", "rule", 20, {})  # the retry: a duplicate, not yet replicated
     finally:
         sentinel_bus.resume_replica()
+    settings.EVENTBUS = {**settings.EVENTBUS, "WAIT_TIMEOUT_MS": 5000}
     assert publish_event("scan", "w1", "rule", 20, {}) is False  # replicated now: the retry returns
     with redis.Redis(port=sentinel_bus.replica_port()) as replica:
         assert job_events(replica, "scan", "w1") == [("vision", 10), ("rule", 20)]

@@ -68,9 +68,27 @@ async def wait_subscribed(job, timeout=5.0):
     channel = JobKeys(job.domain, str(job.op_id)).channel
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    while not (await get_hub().redis.pubsub_numsub(channel))[0][1]:
+    while not await subscribers(get_hub().redis, channel):
         assert loop.time() < deadline, "the hub never subscribed"
         await asyncio.sleep(0.01)
+
+
+async def subscribers(client, channel) -> int:
+    """Subscribers of a job channel: classic ones, or on a cluster the shard channel's, on its master."""
+    from eventbus.redis import is_cluster
+
+    if is_cluster(client):
+        await client.initialize()  # its slot map, on first use
+        node = client.get_node_from_key(channel)
+        return numsub(await client.execute_command("PUBSUB SHARDNUMSUB", channel, target_nodes=node))
+    return numsub(await client.pubsub_numsub(channel))
+
+
+def numsub(reply) -> int:
+    """A NUMSUB or SHARDNUMSUB reply for one channel, as redis-py parses it ([(channel, n)]) or not."""
+    if reply and isinstance(reply[0], (list, tuple)):
+        return sum(int(n) for _, n in reply)
+    return int(reply[1]) if reply else 0
 
 
 def _publish_and_route(job, seqs):

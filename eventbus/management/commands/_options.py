@@ -17,7 +17,10 @@ def add_loop_options(parser, *, burst_help: str) -> None:
 
 def add_domain_options(parser) -> None:
     parser.add_argument("--group", help="Consumer group (default EVENTBUS['GROUP']).")
-    parser.add_argument("--domains", help="Comma-separated domains (default all).")
+    parser.add_argument(
+        "--domains",
+        help="Comma-separated domains (default all); domain:shard names one shard stream (run_router).",
+    )
 
 
 def domain_list(value: str | None) -> list[str] | None:

@@ -1,0 +1,117 @@
+"""Shard placement on a real 3-master Redis Cluster: the usual slot layout spreads the bus's
+{domain:shard} tags unevenly; `eventbus_shards --balance` moves the few slots that need it, live,
+and every shard's data stays readable and routable."""
+
+import json
+from io import StringIO
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from eventbus import publish_events
+from eventbus.delivery import streams_for
+from eventbus.keys import JobKeys, shard_count
+from eventbus.placement import ShardPlacement, is_balanced, placement, plan
+from eventbus.redis import get_redis
+from eventbus.router import Router
+
+from .helpers import history_seqs, job_ids_on_shard, pending, state
+
+MASTERS = ["a:1", "b:2", "c:3"]
+
+
+def places(layout: dict[str, list[str]]) -> list[ShardPlacement]:
+    """Placements from {domain: [the master of shard 0, of shard 1, ...]}."""
+    return [
+        ShardPlacement(domain, shard, f"{{{domain}:{shard}}}:events", shard, master, 0)
+        for domain, masters in layout.items()
+        for shard, master in enumerate(masters)
+    ]
+
+
+def test_the_plan_moves_the_fewest_shards_to_an_even_spread():
+    # The default 4 shards of scan and chat on the usual 3-master layout: 2/2/4.
+    layout = {"scan": ["a:1", "b:2", "c:3", "c:3"], "chat": ["c:3", "c:3", "b:2", "a:1"]}
+    assert not is_balanced(places(layout), MASTERS)
+    moves = plan(places(layout), MASTERS)
+    assert len(moves) == 1  # one of c:3's four shards: 3/3/2
+    after = moved(layout, moves)
+    assert is_balanced(places(after), MASTERS)
+    assert plan(places(after), MASTERS) == {}
+    # Six shards a domain on three masters: two each, whatever the start.
+    crowded = {"scan": ["a:1"] * 6, "chat": ["a:1"] * 3 + ["b:2"] * 3}
+    moves = plan(places(crowded), MASTERS)
+    assert len(moves) == 4 + 2
+    spread = moved(crowded, moves)
+    assert all(sorted(masters) == ["a:1", "a:1", "b:2", "b:2", "c:3", "c:3"] for masters in spread.values())
+
+
+def moved(layout: dict[str, list[str]], moves: dict[str, str]) -> dict[str, list[str]]:
+    after = {domain: list(masters) for domain, masters in layout.items()}
+    for stream, target in moves.items():
+        domain, shard = stream[1:].split("}")[0].split(":")
+        after[domain][int(shard)] = target
+    return after
+
+
+def shards_command(*args) -> str:
+    out = StringIO()
+    call_command("eventbus_shards", *args, stdout=out)
+    return out.getvalue()
+
+
+def test_balance_moves_the_shards_live_and_nothing_is_lost(own_cluster):
+    servers, cluster = own_cluster
+    client = get_redis()
+    masters = sorted(node.name for node in cluster.get_primaries())
+    jobs = [
+        (stream.domain, job_ids_on_shard(stream.domain, stream.shard, 1, prefix=f"p{stream.shard}")[0])
+        for stream in streams_for()
+    ]
+    publish_events([(domain, job, "vision", 10, {}) for domain, job in jobs])
+    Router(burst=True, consumer="before").run()
+    before = placement(client)
+    assert not is_balanced(before, masters)  # the usual layout, 3-master default
+    shown = shards_command()
+    assert "not balanced: run with --balance" in shown
+    assert all(f"{p.stream:<22} {p.slot:>5}  {p.master}" in shown for p in before)
+    assert "router (0, 0)" in shown  # every group's pending entries and lag
+
+    dry = shards_command("--balance", "--dry-run")
+    assert "would move" in dry and placement(client) == before
+
+    assert "moved {" in shards_command("--balance")
+    after = placement(client)
+    assert is_balanced(after, masters)
+    for master in masters:  # each domain's shards: 2/1/1 of 4
+        held = [p.domain for p in after if p.master == master]
+        assert all(held.count(domain) in (1, 2) for domain in {p.domain for p in after})
+    assert shards_command("--balance").startswith("0 shard(s) moved.")
+
+    # Every job's keys moved with its shard, and the bus goes on there.
+    for domain, job in jobs:
+        assert history_seqs(cluster, domain, job) == [10]
+        assert cluster.get_node_from_key(JobKeys(domain, job).state).name == next(
+            p.master for p in after if p.stream == JobKeys(domain, job).stream
+        )
+    publish_events([(domain, job, "vision", 11, {}) for domain, job in jobs])
+    Router(burst=True, consumer="after").run()
+    for domain, job in jobs:
+        assert history_seqs(cluster, domain, job) == [10, 11]
+        assert state(cluster, domain, job)["seq"] == 11
+    assert all(pending(cluster, s.key) == 0 for s in streams_for())
+
+    document = json.loads(shards_command("--json"))
+    assert document["balanced"] is True
+    assert sum(held["*"] for held in document["masters"].values()) == sum(
+        shard_count(d) for d in {d for d, _ in jobs}
+    )
+
+
+def test_one_server_shows_its_shards_and_refuses_to_balance(redis_client):
+    shown = shards_command("--domains", "scan")
+    assert shown.count(":events") == shard_count("scan")
+    with pytest.raises(CommandError, match="on a Redis Cluster"):
+        shards_command("--balance")
+    with pytest.raises(CommandError, match="Unknown domain"):
+        shards_command("--domains", "nope")
