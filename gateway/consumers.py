@@ -34,7 +34,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from eventbus.conf import eventbus_settings
-from eventbus.selectors import job_channel, read_backfill
+from eventbus.selectors import job_channel
 from idempotency.models import Operation
 
 try:  # daphne's WebSocket stack: sending to a client whose connection just dropped
@@ -239,8 +239,8 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
         self.last_sent = seq
 
     async def _backfill(self) -> None:
-        backfill = await read_backfill(
-            self.hub.redis, self.operation.domain, self.job_id, after=self.last_sent
+        backfill = await self.hub.backfill(
+            self.channel, self.operation.domain, self.job_id, after=self.last_sent
         )
         entries, applied, latest = backfill.entries, backfill.applied, backfill.latest
         if not entries or entries[0][1].get("prev_seq", 0) > self.last_sent:

@@ -26,6 +26,7 @@ from redis.asyncio.client import PubSub
 from eventbus.conf import eventbus_settings
 from eventbus.durability import check_durability
 from eventbus.redis import get_redis, make_async_node_client, make_async_read_client, make_async_redis
+from eventbus.selectors import Backfill, read_backfill
 
 from .backoff import Backoff, retrying
 from .conf import gateway_settings
@@ -125,6 +126,16 @@ class _Line:
         await self.client.aclose()
 
 
+class _SharedRead:
+    """A history read and the lowest seq its askers have."""
+
+    __slots__ = ("after", "result")
+
+    def __init__(self, after: int):
+        self.after = after
+        self.result: asyncio.Future[Backfill] = asyncio.get_running_loop().create_future()
+
+
 class Hub:
     def __init__(self):
         # Reads (history, state) share a small blocking pool (eventbus.redis builds it); each
@@ -140,6 +151,9 @@ class Hub:
         self._lock = asyncio.Lock()
         self._durability: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()  # channels following their slot to a new master
+        # History reads not yet sent, by channel: the sockets of a job that ask meanwhile share one.
+        self._reads_waiting: dict[str, _SharedRead] = {}
+        self._read_slots = asyncio.Semaphore(gateway_settings.READ_CONNECTIONS)
 
     async def check_durability(self) -> None:
         """The bus's Redis checked once per process, at the first socket (eventbus.durability):
@@ -164,6 +178,45 @@ class Hub:
     def lines(self) -> int:
         """Pub/sub connections (1 on a single server; on a cluster, the masters listened to)."""
         return len(self._lines)
+
+    async def backfill(self, channel: str, domain: str, job_id: str, *, after: int) -> Backfill:
+        """The job's history after seq `after` (eventbus.selectors.read_backfill), read once for
+        all the job's sockets that ask before the read is sent: after a Redis blip every socket
+        resyncs at once, and a job watched by five sockets costs one read, not five. A read
+        joins only one not yet sent, so it never misses an event published before it asked."""
+        shared = self._reads_waiting.get(channel)
+        if shared is None:
+            shared = self._reads_waiting[channel] = _SharedRead(after)
+            task = asyncio.get_running_loop().create_task(self._read_shared(channel, shared, domain, job_id))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        shared.after = min(shared.after, after)
+        backfill = await asyncio.shield(shared.result)
+        if shared.after == after:
+            return backfill
+        return Backfill(
+            [(raw, event) for raw, event in backfill.entries if event["seq"] > after],
+            backfill.applied,
+            backfill.latest,
+        )
+
+    async def _read_shared(self, channel: str, shared: _SharedRead, domain: str, job_id: str) -> None:
+        try:
+            async with self._read_slots:  # while it waits for a connection, more sockets join
+                self._stop_sharing(channel, shared)  # from here on, a new ask waits for a new read
+                shared.result.set_result(await read_backfill(self._reads, domain, job_id, after=shared.after))
+        except Exception as exc:
+            self._stop_sharing(channel, shared)
+            shared.result.set_exception(exc)  # each asker retries as after any failed read
+        except asyncio.CancelledError:
+            self._stop_sharing(channel, shared)
+            # Not the askers' own cancellation: they retry, as after a lost connection.
+            shared.result.set_exception(aioredis.ConnectionError("the gateway hub is closing"))
+            raise
+
+    def _stop_sharing(self, channel: str, shared: _SharedRead) -> None:
+        if self._reads_waiting.get(channel) is shared:
+            del self._reads_waiting[channel]
 
     async def add(self, channel: str, listener: Listener) -> None:
         """Register `listener`; returns once the channel's subscription is live, so a read

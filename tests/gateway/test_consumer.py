@@ -245,6 +245,35 @@ async def test_pubsub_connection_killed_mid_stream_loses_nothing(job, cookie, re
     assert get_hub().reconnections == 1
 
 
+async def test_the_sockets_of_a_job_resync_from_one_history_read(job, cookie, redis_client):
+    """After a blip every socket resyncs at once: the sockets of one job share one history read
+    (each still gets exactly what follows its own last seq)."""
+    await publish_and_route(job, SCAN[:3])
+    resumed_at = [0, 10, 11, 12, 12]
+    sockets = [
+        await open_socket(f"/ws/jobs/{job.op_id}/?last_seq={seq}", cookie, subscribed_to=job)
+        for seq in resumed_at
+    ]
+    for socket, seq in zip(sockets, resumed_at):
+        if seq < 12:
+            assert [f["seq"] for f in await frames_until(socket, 12)] == [s for s in SCAN[:3] if s > seq]
+    await publish_and_route(job, [])
+    reads = redis_client.info("commandstats")["cmdstat_zrangebyscore"]["calls"]
+    maxclients = redis_client.config_get("maxclients")["maxclients"]
+    redis_client.config_set("maxclients", len(redis_client.client_list()) - 1)  # the hub stays away
+    try:
+        assert redis_client.client_kill_filter(_type="pubsub") == 1
+        await publish_and_route(job, SCAN[3:])  # nothing of it reaches pub/sub
+        await asyncio.sleep(0.3)
+    finally:
+        redis_client.config_set("maxclients", maxclients)
+    for socket in sockets:
+        assert [f["seq"] for f in await frames_until(socket, 51, timeout=20)] == SCAN[3:]
+        assert await socket.receive_nothing(timeout=0.2)
+    assert get_hub().reconnections == 1
+    assert redis_client.info("commandstats")["cmdstat_zrangebyscore"]["calls"] - reads == 1
+
+
 async def test_a_foreign_message_on_the_channel_stops_nothing(job, cookie, redis_client):
     socket = await open_socket(f"/ws/jobs/{job.op_id}/", cookie, subscribed_to=job)
     channel = JobKeys("scan", str(job.op_id)).channel
