@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.bench-installed
 
-.PHONY: run test lint setup browser bench bench-gateway chaos clean
+.PHONY: run test lint setup browser bench bench-gateway bench-cluster chaos clean
 
 $(STAMP): requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,11 @@ bench: $(BENCH_STAMP)
 # The gateway's: sockets held by one daphne, publish -> frame latency (bench/REPORT-gateway.md).
 bench-gateway: $(BENCH_STAMP)
 	$(PY) bench/gateway.py $(BENCH_GATEWAY_ARGS)
+
+# The bus on a Redis Cluster: 1 master, 3 masters, 3 with classic PUBLISH; Redis CPU per event and
+# per master, publish -> frame latency (bench/REPORT-cluster.md).
+bench-cluster: $(BENCH_STAMP)
+	$(PY) bench/cluster.py $(BENCH_CLUSTER_ARGS)
 
 # The long exactly-once run under faults (tests/e2e/harness.py; the short one is in `make test`):
 # make chaos CHAOS_ARGS="--jobs 200 --clients 20 --duration 600"
