@@ -18,7 +18,9 @@ import time
 from collections import Counter
 from collections.abc import Iterable
 
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import metrics
 from .conf import eventbus_settings
@@ -29,7 +31,9 @@ from .worker import LoopWorker
 
 log = logging.getLogger("eventbus.router")
 
-# While the cluster client polls (it cannot block on streams of several slots), at most this.
+# While the cluster client polls (it cannot block on streams of several slots): from this...
+CLUSTER_POLL_MIN_MS = 2
+# ...doubling while nothing comes, up to this.
 CLUSTER_POLL_MS = 100
 # How long a stream whose key holds another type is set aside before it is tried again.
 SET_ASIDE_SECONDS = 5.0
@@ -68,6 +72,7 @@ class Router(LoopWorker):
         # time, so that the other streams' events keep flowing.
         self.set_aside: dict[Stream, float] = {}
         self._lag_due = self._retry_due = 0.0
+        self._poll_ms = CLUSTER_POLL_MIN_MS
 
     # The loop (eventbus.worker) ---------------------------------------------------------------
 
@@ -159,20 +164,50 @@ class Router(LoopWorker):
 
     def read(self, ids: dict[str, str], block: int | None) -> list[Delivery]:
         """XREADGROUP from each stream at its id (">" new entries, else our pending after it)."""
-        if not self.cluster:
+        if not self.cluster or len(ids) == 1:
+            # One server, or one stream (a router per shard): one read that blocks.
             replies = self.client.xreadgroup(self.group, self.consumer, ids, count=self.count, block=block)
         else:
-            pipe = self.client.pipeline(transaction=False)
-            for key, last_id in ids.items():
-                pipe.xreadgroup(self.group, self.consumer, {key: last_id}, count=self.count)
-            replies = [reply for replies in pipe.execute() for reply in replies]
-            if block and not any(entries for _, entries in replies):
-                self.wait(min(block, CLUSTER_POLL_MS) / 1000)
+            replies = self._read_cluster(ids)
+            if not any(entries for _, entries in replies):
+                if block:
+                    # Nothing: poll again soon, then less often while nothing comes.
+                    self.wait(min(block, self._poll_ms) / 1000)
+                    self._poll_ms = min(self._poll_ms * 2, CLUSTER_POLL_MS)
+            else:
+                self._poll_ms = CLUSTER_POLL_MIN_MS
         return [
             Delivery.parse(self.by_key[key if isinstance(key, bytes) else key.encode()], stream_id, fields)
             for key, entries in replies
             for stream_id, fields in entries
         ]
+
+    def _read_cluster(self, ids: dict[str, str]) -> list:
+        """A cluster cannot block on streams of several slots: each master is asked for its
+        streams in one pipeline of its own (redis-py's cluster pipeline would first ask one
+        node COMMAND GETKEYS for every XREADGROUP); a stream whose slot moved is read through
+        the cluster client, which follows it."""
+        by_node: dict[str, tuple] = {}
+        for key, last_id in ids.items():
+            node = self.client.get_node_from_key(key)
+            by_node.setdefault(node.name, (node, []))[1].append((key, last_id))
+        replies: list = []
+        for node, streams in by_node.values():
+            pipe = node.redis_connection.pipeline(transaction=False)
+            for key, last_id in streams:
+                pipe.xreadgroup(self.group, self.consumer, {key: last_id}, count=self.count)
+            try:
+                answers = pipe.execute(raise_on_error=False)
+            except (RedisConnectionError, RedisTimeoutError):
+                answers = [None] * len(streams)
+            for (key, last_id), answer in zip(streams, answers):
+                if isinstance(answer, (Exception, type(None))):
+                    # Moved, or the node is away: the cluster client follows (or raises).
+                    answer = self.client.xreadgroup(
+                        self.group, self.consumer, {key: last_id}, count=self.count
+                    )
+                replies.extend(answer or ())
+        return replies
 
     def recover_pending(self) -> None:
         """Settle the entries this consumer read before (a restart with the same name, a lost

@@ -11,7 +11,7 @@ from django.core.management import CommandError, call_command
 from eventbus import publish_events
 from eventbus.delivery import streams_for
 from eventbus.keys import JobKeys, shard_count
-from eventbus.placement import ShardPlacement, is_balanced, placement, plan
+from eventbus.placement import ShardPlacement, is_balanced, move_slot, placement, plan
 from eventbus.redis import get_redis
 from eventbus.router import Router
 
@@ -115,3 +115,25 @@ def test_one_server_shows_its_shards_and_refuses_to_balance(redis_client):
         shards_command("--balance")
     with pytest.raises(CommandError, match="Unknown domain"):
         shards_command("--domains", "nope")
+
+
+def test_the_bus_follows_a_slot_moved_behind_its_back(own_cluster):
+    """The bus's client still has the old slot map: the scripts and the router's reads sent
+    straight to the old master are redirected (MOVED) and run through the cluster client."""
+    servers, cluster = own_cluster
+    client = get_redis()
+    jobs = [("scan", job) for job in job_ids_on_shard("scan", 1, 3, prefix="moved")]
+    publish_events([(domain, job, "vision", 10, {}) for domain, job in jobs])
+    Router(burst=True, consumer="r").run()
+    stream = JobKeys("scan", jobs[0][1]).stream
+    old = client.get_node_from_key(stream).name
+    target = next(node.name for node in cluster.get_primaries() if node.name != old)
+    assert move_slot(cluster, cluster.keyslot(stream), target) > 0  # another client moves it
+    assert client.get_node_from_key(stream).name == old  # the bus's map is stale
+
+    assert publish_events([(domain, job, "vision", 11, {}) for domain, job in jobs]) == [True] * 3
+    Router(burst=True, consumer="r").run()
+    for domain, job in jobs:
+        assert history_seqs(cluster, domain, job) == [10, 11]
+    assert client.get_node_from_key(stream).name == target  # followed
+    assert pending(cluster, stream) == 0
