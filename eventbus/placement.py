@@ -65,7 +65,10 @@ def _is_cluster(client) -> bool:
 def _master_of(client, key: str) -> str:
     if _is_cluster(client):
         return client.get_node_from_key(key).name
-    kwargs = client.connection_pool.connection_kwargs
+    pool = client.connection_pool
+    if getattr(pool, "service_name", None):  # Sentinel: the master it names now
+        return f"{pool.service_name} (Sentinel)"
+    kwargs = pool.connection_kwargs
     return f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
 
 

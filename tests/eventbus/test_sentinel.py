@@ -2,8 +2,11 @@
 publishing and routing across a failover, and a job run by a Celery worker whose broker, cache
 and bus all come from one such URL. The gateway hub's side is in tests/gateway/test_sentinel_hub.py."""
 
+from io import StringIO
+
 import pytest
 import redis
+from django.core.management import call_command
 from django_redis.cache import RedisCache
 from redis.sentinel import SentinelConnectionPool
 
@@ -84,6 +87,9 @@ def test_the_bus_publishes_and_routes_across_a_failover_each_event_once(sentinel
         ]
         assert int(master.get(JobKeys("scan", "f1").applied)) == 51
     assert isinstance(get_redis().connection_pool, SentinelConnectionPool)
+    out = StringIO()
+    call_command("eventbus_shards", "--domains", "scan", stdout=out)
+    assert f"{JobKeys('scan', 'f1').stream:<22}     -  bus (Sentinel)" in out.getvalue()
 
 
 @pytest.mark.django_db
