@@ -13,12 +13,17 @@ each) runs three topologies on them, in this order, each on flushed masters:
   (this script as a wrapper: eventbus.delivery.publish_command patched to "PUBLISH", then
   call_command("run_router")), which a cluster copies to every node.
 
-and measures on each, with every Redis node's CPU time from /proc (bench/procstat.py):
+and measures on each, with every Redis node's CPU time from /proc (each thread's run time in ns,
+/proc/PID/task/*/schedstat; bench/procstat.py's 10 ms ticks where that is missing):
 
-1. publish: --events events over --jobs jobs (half scan, half chat; each job's seqs in order)
-   by eventbus.publish_events in batches of --batch (the workers' path), from this process;
-2. route: the real routers in --burst mode drain that backlog (subprocesses); the rate is the
-   events over the time from the first router's start to the last one's stop (their logs);
+1. publish, from this process, each job's seqs in order (half the jobs scan, half chat):
+   a. depth 1: --single-events events, one eventbus.publish_event call each (the workers' path:
+      a job publishes one event per stage), over as many jobs as give each job the events per
+      job of b.;
+   b. batched: --events events over --jobs jobs by eventbus.publish_events in calls of --batch;
+   the masters are flushed before each; the targets are judged on a.;
+2. route: the real routers in --burst mode drain the backlog of 1b (subprocesses); the rate is
+   the events over the time from the first router's start to the last one's stop (their logs);
 3. publish -> frame latency (SPUBLISH topologies): the routers running (not --burst), one
    daphne (the gateway: its hub SSUBSCRIBEs on each master) with --sockets WebSockets on as
    many scan jobs, a publisher process (bench/gateway.py's) calling publish_event at --rate
@@ -26,18 +31,14 @@ and measures on each, with every Redis node's CPU time from /proc (bench/procsta
    router's SPUBLISH too. With --latency-via ssubscribe, or when the gateway cannot start,
    the tap alone (publish -> SSUBSCRIBE message), and the report says so.
 
-Printed, and written to bench/REPORT-cluster.md: the rates, each master's shards, CPU seconds
-per phase and share of the cluster's Redis CPU, Redis CPU per event, one PASS/MISS line per
+Printed, and written to bench/REPORT-cluster.md (the section between its markers): the rates,
+each master's shards, CPU seconds per phase and share of the cluster's Redis CPU, Redis CPU per
+event, the script calls and COMMAND GETKEYS lookups each master answered, one PASS/MISS line per
 target, and what N masters would carry.
 
-    .venv/bin/python bench/cluster.py [--events 60000] [--jobs 3000] [--shards 6] [--batch 50]
-        [--rate 1000] [--duration 10] [--sockets 200] [--latency-via gateway|ssubscribe]
-        [--local-eval-keys]
-
---local-eval-keys measures the same with redis-py patched (in this process and in the routers,
-which then run through this script) to read EVALSHA's keys from the command instead of asking
-the cluster (COMMAND GETKEYS per call): what the bus would cost without that lookup. Each mode
-keeps its own section of the report.
+    .venv/bin/python bench/cluster.py [--events 60000] [--jobs 3000] [--single-events 20000]
+        [--shards 6] [--batch 50] [--rate 1000] [--duration 10] [--sockets 200]
+        [--latency-via gateway|ssubscribe]
 """
 
 from __future__ import annotations
@@ -75,13 +76,12 @@ LATENCY_P99_MS = 10.0  # SPEC §9 at 1,000 events/s with 200 sockets (informativ
 ROUTER_LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*router (\S+): (group|stopped)")
 
 
-# --- the routers run through this script: classic PUBLISH, or EVALSHA keys read locally -------
+# --- the classic PUBLISH routers run through this script -----------------------------------------
 
 
 def wrapped_router(argv: list[str]) -> None:
-    """`bench/cluster.py --wrapped-router [--classic] [--local-eval-keys] run_router ARGS`:
-    `manage.py run_router ARGS` with route.lua publishing by PUBLISH (the old behaviour) and/or
-    redis-py reading EVALSHA's keys from the command (local_eval_keys)."""
+    """`bench/cluster.py --wrapped-router --classic run_router ARGS`: `manage.py run_router ARGS`
+    with route.lua publishing by PUBLISH (the old behaviour)."""
     flags, args = argv[: argv.index("run_router")], argv[argv.index("run_router") + 1 :]
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", SETTINGS)
     import django
@@ -94,26 +94,7 @@ def wrapped_router(argv: list[str]) -> None:
     if "--classic" in flags:
         assert hasattr(eventbus.delivery, "publish_command"), "eventbus.delivery.publish_command is gone"
         eventbus.delivery.publish_command = lambda: "PUBLISH"
-    if "--local-eval-keys" in flags:
-        local_eval_keys()
     call_command("run_router", *args)
-
-
-def local_eval_keys() -> None:
-    """--local-eval-keys (not the default: it changes redis-py, which the bus runs on as it is).
-    redis-py's cluster pipeline resolves the keys of a command it has no routing policy for,
-    EVALSHA among them, by asking the client's default node (COMMAND GETKEYS, a round trip per
-    queued call); read them from the command instead, as RedisCluster.determine_slot does."""
-    from redis.cluster import RedisCluster
-
-    original = RedisCluster._get_command_keys
-
-    def keys(self, *args):
-        if str(args[0]).upper() in ("EVAL", "EVALSHA"):
-            return list(args[3 : 3 + int(args[2])])
-        return original(self, *args)
-
-    RedisCluster._get_command_keys = keys  # type: ignore[method-assign]
 
 
 # --- machine, processes -----------------------------------------------------------------------
@@ -122,6 +103,24 @@ def local_eval_keys() -> None:
 def load_line() -> str:
     one, five, fifteen = os.getloadavg()
     return f"load average {one:.2f} {five:.2f} {fifteen:.2f}, nproc {os.cpu_count()}"
+
+
+# Each thread's run time in ns; bench/procstat.py's 10 ms ticks on a kernel without it.
+SCHEDSTAT = Path("/proc/self/schedstat").exists()
+
+
+def run_seconds(pid: int) -> float:
+    """CPU seconds of a process, every thread's, to the ns (/proc/PID/task/*/schedstat): a
+    publish at depth 1 costs a master a few tenths of a second, which 10 ms ticks would blur."""
+    if not SCHEDSTAT:
+        return cpu_seconds(pid)
+    total = 0
+    for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        try:
+            total += int(stat.read_text().split()[0])
+        except OSError:  # a thread that ended meanwhile
+            pass
+    return total / 1e9
 
 
 def run_routers(routers: list[Child], timeout: float) -> tuple[list[float], list[float]]:
@@ -189,7 +188,7 @@ class Cluster:
         return {name: n.process.pid for name, n in self.nodes.items()}  # type: ignore[union-attr]
 
     def cpu(self) -> dict[str, float]:
-        return {name: cpu_seconds(pid) for name, pid in self.pids().items()}
+        return {name: run_seconds(pid) for name, pid in self.pids().items()}
 
     def client(self):
         from redis.cluster import RedisCluster
@@ -265,8 +264,8 @@ class Cluster:
 
 
 class Topology:
-    def __init__(self, name: str, cluster: Cluster, command: str, local_keys: bool = False):
-        self.name, self.cluster, self.command, self.local_keys = name, cluster, command, local_keys
+    def __init__(self, name: str, cluster: Cluster, command: str):
+        self.name, self.cluster, self.command = name, cluster, command
         self.shards = cluster.shards()
 
     @property
@@ -282,11 +281,14 @@ class Topology:
     def router_command(
         self, consumer: str, domains: list[str] | None, burst: bool, block_ms: int | None = None
     ) -> list[str]:
-        if self.command == "PUBLISH" or self.local_keys:
-            command = [sys.executable, str(Path(__file__).resolve()), "--wrapped-router"]
-            command += ["--classic"] if self.command == "PUBLISH" else []
-            command += ["--local-eval-keys"] if self.local_keys else []
-            command += ["run_router"]
+        if self.command == "PUBLISH":
+            command = [
+                sys.executable,
+                str(Path(__file__).resolve()),
+                "--wrapped-router",
+                "--classic",
+                "run_router",
+            ]
         else:
             command = [sys.executable, "manage.py", "run_router"]
         command += ["--consumer", consumer] + (["--burst"] if burst else [])
@@ -297,23 +299,37 @@ class Topology:
 # --- the workload -----------------------------------------------------------------------------
 
 
-def workload(events: int, jobs: int) -> list[tuple]:
+def single_jobs(args) -> int:
+    """Jobs of the depth-1 publish: each gets the events per job of the batched one."""
+    return max(1, round(args.single_events * args.jobs / args.events))
+
+
+def workload(events: int, jobs: int, prefix: str = "job") -> list[tuple]:
     """`events` events round robin over `jobs` jobs (even jobs scan, odd chat), seqs from 1."""
-    return [(DOMAINS[(i % jobs) % 2], f"job-{i % jobs}", STAGE, i // jobs + 1, DATA) for i in range(events)]
+    return [
+        (DOMAINS[(i % jobs) % 2], f"{prefix}-{i % jobs}", STAGE, i // jobs + 1, DATA) for i in range(events)
+    ]
+
+
+def owners(topology: Topology):
+    """The master that carries an event: the one owning its job's shard."""
+    from eventbus.keys import JobKeys
+
+    owner = {shard: name for name, owned in topology.shards.items() for shard in owned}
+    shard_of: dict[tuple[str, str], str] = {}
+
+    def of(event: tuple) -> str:
+        key = (event[0], event[1])
+        if key not in shard_of:
+            shard_of[key] = owner[f"{key[0]}:{JobKeys(*key).shard}"]
+        return shard_of[key]
+
+    return of
 
 
 def carried(topology: Topology, batch: list[tuple]) -> dict[str, int]:
     """Events per master: those of the shards it owns."""
-    from eventbus.keys import JobKeys
-
-    owner = {shard: name for name, owned in topology.shards.items() for shard in owned}
-    counts: collections.Counter[str] = collections.Counter()
-    shard_of: dict[tuple[str, str], str] = {}
-    for domain, job, *_ in batch:
-        key = (domain, job)
-        if key not in shard_of:
-            shard_of[key] = owner[f"{domain}:{JobKeys(domain, job).shard}"]
-        counts[shard_of[key]] += 1
+    counts = collections.Counter(map(owners(topology), batch))
     return {name: counts[name] for name in topology.cluster.nodes}
 
 
@@ -324,33 +340,56 @@ def phase_cpu(before: dict[str, float], after: dict[str, float]) -> dict[str, fl
 # --- 1. publish ---------------------------------------------------------------------------------
 
 
-def publish_phase(topology: Topology, batch: list[tuple], depth: int, others: list[Cluster]) -> dict:
-    from eventbus import publish_events
+def publish_phase(
+    topology: Topology, events: list[tuple], depth: int, warmup: int, others: list[Cluster]
+) -> dict:
+    """`events` published on flushed masters: one publish_event call each (depth 1) or
+    publish_events calls of `depth` events. The first `warmup` events (published the same way)
+    open the connections to every master and are not counted."""
+    from eventbus import publish_event, publish_events
 
     topology.cluster.flush()
-    publish_events(batch[:depth])  # connections open to every master (not counted)
+    warm, measured = events[:warmup], events[warmup:]
+    chunks = [measured[i : i + depth] for i in range(0, len(measured), depth)]
+    owner = owners(topology)
+    # A call of publish_events reaches each master it has events for as one write.
+    writes = sum(len({owner(event) for event in chunk}) for chunk in chunks)
+    if depth == 1:
+        for event in warm:
+            publish_event(*event)
+    else:
+        for i in range(0, len(warm), depth):
+            publish_events(warm[i : i + depth])
     topology.cluster.reset_stats()
-    measured = batch[depth:]
     idle_before = [c.cpu() for c in others]
     before, own_before = topology.cluster.cpu(), time.process_time()
     began = time.perf_counter()
     published = 0
-    for i in range(0, len(measured), depth):
-        published += sum(publish_events(measured[i : i + depth]))
+    if depth == 1:
+        for event in measured:
+            published += publish_event(*event)
+    else:
+        for chunk in chunks:
+            published += sum(publish_events(chunk))
     elapsed = time.perf_counter() - began
     own = time.process_time() - own_before
     cpu = phase_cpu(before, topology.cluster.cpu())
     if published != len(measured):
-        raise RuntimeError(f"{topology.name}: published {published} of {len(measured)} events")
+        raise RuntimeError(
+            f"{topology.name}: published {published} of {len(measured)} events (depth {depth})"
+        )
     return {
+        "depth": depth,
         "events": len(measured),
+        "calls": len(chunks),
+        "writes": writes,
         "seconds": elapsed,
         "rate": len(measured) / elapsed,
         "cpu": cpu,
         "carried": carried(topology, measured),
         "client_cpu": own,
         "idle": idle_rates(others, idle_before, elapsed),
-        "calls": topology.cluster.command_calls(),
+        "commands": topology.cluster.command_calls(),
     }
 
 
@@ -387,7 +426,7 @@ def route_phase(topology: Topology, batch: list[tuple], env: dict, log_dir: Path
     router_cpu, startup_cpu = run_routers(routers, timeout)
     wall = time.perf_counter() - began
     cpu = phase_cpu(before, cluster.cpu())
-    calls = cluster.command_calls()
+    commands = cluster.command_calls()
     for router in routers:
         if router.process and router.process.returncode:
             raise RuntimeError(f"{router.name} exited {router.process.returncode}:\n{router.log()}")
@@ -424,7 +463,7 @@ def route_phase(topology: Topology, batch: list[tuple], env: dict, log_dir: Path
         "carried": carried(topology, batch),
         "router_cpu": router_cpu,
         "router_startup_cpu": startup_cpu,
-        "calls": calls,
+        "commands": commands,
     }
 
 
@@ -726,6 +765,7 @@ def render(results: dict, args, info: dict) -> tuple[str, list[str]]:
     topologies = results["topologies"]
     one, three, classic = topologies
     low, high = share_range()
+    batched = f"batches of {args.batch}"
     out = [
         f"Command: `{info['command']}`",
         "",
@@ -734,12 +774,18 @@ def render(results: dict, args, info: dict) -> tuple[str, list[str]]:
         f"(no AOF: RedisClusterServers' nodes), Python {info['python']}, redis-py {info['redis_py']}, "
         f"Django {info['django']}.",
         "",
-        f"Workload: {args.events:,} events over {args.jobs:,} jobs ({args.events // args.jobs} per job, half "
-        f"the jobs scan and half chat), domains scan and chat of {args.shards} shards each; publish by "
-        f"`publish_events` in batches of {args.batch} from one process (every script loaded on every master "
-        f"beforehand; the first batch, which opens the connections, not counted); route by "
-        f"`run_router --burst` subprocesses ({'through this script, redis-py patched' if args.local_eval_keys else 'manage.py'}; "
-        "classic PUBLISH's through this script, eventbus.delivery.publish_command patched).",
+        "Workload: published from one process on flushed masters (every script loaded on every master "
+        f"beforehand; the first {args.batch} events of each publish, which open the connections, not "
+        "counted), each job's seqs in order, half the jobs scan and half chat, domains scan and chat of "
+        f"{args.shards} shards each:",
+        "",
+        f"- depth 1: {args.single_events:,} events over {single_jobs(args):,} jobs, one `publish_event` call "
+        "each: the workers' path (a job publishes one event per stage), on which the targets are judged;",
+        f"- {batched}: {args.events:,} events over {args.jobs:,} jobs ({args.events / args.jobs:g} per job), "
+        f"`publish_events` calls of {args.batch};",
+        "- route: `run_router --burst` subprocesses (manage.py; classic PUBLISH's through this script, "
+        "eventbus.delivery.publish_command patched) drain the backlog of the batched publish (the depth-1 "
+        "one is flushed before it).",
         "",
         f"Placement: 3 masters: {three['placement']}. Shards per master (what the ratios below rest on):",
         "",
@@ -755,19 +801,22 @@ def render(results: dict, args, info: dict) -> tuple[str, list[str]]:
         "",
         "### Rates and Redis CPU per event",
         "",
-        "| topology | publish events/s | route events/s (routers) | Redis CPU µs/event: publish | route | "
-        "publish+route | vs 1 master | client CPU µs/event: publisher | routers |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| topology | publish events/s: depth 1 | {batched} | route events/s (routers) | "
+        f"Redis CPU µs/event: publish depth 1 | {batched} | route | depth 1 + route | vs 1 master | "
+        f"client CPU µs/event: publisher depth 1 | {batched} | routers |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     base = None
     for t in topologies:
-        p, r = t["publish"], t["route"]
-        pub_us, route_us = us(sum(p["cpu"].values()), p["events"]), us(sum(r["cpu"].values()), r["events"])
+        p, b, r = t["publish"], t["batched"], t["route"]
+        pub_us, batch_us = us(sum(p["cpu"].values()), p["events"]), us(sum(b["cpu"].values()), b["events"])
+        route_us = us(sum(r["cpu"].values()), r["events"])
         base = base or pub_us + route_us
         out.append(
-            f"| {t['name']} | {p['rate']:,.0f} | {r['rate']:,.0f} ({r['routers']}) | {pub_us:.1f} | "
-            f"{route_us:.1f} | {pub_us + route_us:.1f} | {(pub_us + route_us) / base:.2f}x | "
-            f"{us(p['client_cpu'], p['events']):.1f} | {us(sum(r['router_cpu']), r['events']):.1f} |"
+            f"| {t['name']} | {p['rate']:,.0f} | {b['rate']:,.0f} | {r['rate']:,.0f} ({r['routers']}) | "
+            f"{pub_us:.1f} | {batch_us:.1f} | {route_us:.1f} | {pub_us + route_us:.1f} | "
+            f"{(pub_us + route_us) / base:.2f}x | {us(p['client_cpu'], p['events']):.1f} | "
+            f"{us(b['client_cpu'], b['events']):.1f} | {us(sum(r['router_cpu']), r['events']):.1f} |"
         )
     out += [
         "",
@@ -779,67 +828,121 @@ def render(results: dict, args, info: dict) -> tuple[str, list[str]]:
         )
         + ".",
         "",
-        "### Per master",
+        "A call of publish_events reaches each master it has events for as one write of its script calls: "
+        + "; ".join(
+            f"{t['name']}: {t['batched']['events'] / t['batched']['writes']:.1f} calls per write"
+            for t in topologies[:2]
+        )
+        + ". At depth 1 each write is one call, on either.",
         "",
-        "| topology | master | shards | events carried | publish: CPU s | share | µs/event carried | "
-        "EVALSHA / COMMAND GETKEYS | route: CPU s | share | µs/event carried | EVALSHA / COMMAND GETKEYS | "
-        "PUBLISH / SPUBLISH |",
+        "### Per master: publish",
+        "",
+        "| topology | master | shards | depth 1: events carried | CPU s | share | µs/event carried | "
+        f"EVALSHA / COMMAND GETKEYS | {batched}: events carried | CPU s | share | µs/event carried | "
+        "EVALSHA / COMMAND GETKEYS |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+
+    def cells(phase: dict, name: str) -> str:
+        total = sum(phase["cpu"].values())
+        c = phase["commands"][name]
+        return (
+            f"{phase['carried'][name]:,} | {phase['cpu'][name]:.3f} | {phase['cpu'][name] / total:.3f} | "
+            f"{us(phase['cpu'][name], phase['carried'][name]):.1f} | {c['evalsha']:,} / {c['command|getkeys']:,}"
+        )
+
     for t in topologies:
-        p, r = t["publish"], t["route"]
-        p_total, r_total = sum(p["cpu"].values()), sum(r["cpu"].values())
-        for name in p["cpu"]:
-            pc, rc = p["calls"][name], r["calls"][name]
+        for name in t["publish"]["cpu"]:
             out.append(
-                f"| {t['name']} | {name} | {len(t['shards'][name])} | {r['carried'][name]:,} | "
-                f"{p['cpu'][name]:.2f} | {p['cpu'][name] / p_total:.3f} | {us(p['cpu'][name], p['carried'][name]):.1f} | "
-                f"{pc['evalsha']:,} / {pc['command|getkeys']:,} | "
-                f"{r['cpu'][name]:.2f} | {r['cpu'][name] / r_total:.3f} | {us(r['cpu'][name], r['carried'][name]):.1f} | "
-                f"{rc['evalsha']:,} / {rc['command|getkeys']:,} | {rc['publish']:,} / {rc['spublish']:,} |"
+                f"| {t['name']} | {name} | {len(t['shards'][name])} | {cells(t['publish'], name)} | "
+                f"{cells(t['batched'], name)} |"
             )
-    getkeys = sum(c["command|getkeys"] for t in topologies for c in t["publish"]["calls"].values())
-    if getkeys:
-        out += [
-            "",
-            "COMMAND GETKEYS: redis-py's cluster pipeline (the bus's eventbus.scripts._execute on a cluster) "
-            "asks the client's default node for the keys of every EVALSHA it queues (a command it has no "
-            "routing policy for), one round trip each before the pipeline is sent: that node pays for them "
-            "all, whoever carries the event. `--local-eval-keys` measures the bus with redis-py patched to "
-            "read them from the command.",
-        ]
-    idle = [rate for t in topologies for rate in t["publish"]["idle"]]
+    out += [
+        "",
+        "### Per master: route",
+        "",
+        "| topology | master | events carried | CPU s | share | µs/event carried | EVALSHA / COMMAND GETKEYS | "
+        "PUBLISH / SPUBLISH |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for t in topologies:
+        for name in t["route"]["cpu"]:
+            c = t["route"]["commands"][name]
+            out.append(
+                f"| {t['name']} | {name} | {cells(t['route'], name)} | {c['publish']:,} / {c['spublish']:,} |"
+            )
+    lookups = {
+        phase: sum(c["command|getkeys"] for t in topologies for c in t[phase]["commands"].values())
+        for phase in ("publish", "batched", "route")
+    }
+    out.append("")
+    if not any(lookups.values()):
+        out.append(
+            "COMMAND GETKEYS: none, on any master in any phase: the bus sends each master its script calls "
+            "itself (eventbus.scripts._execute_on_cluster) and the router reads each master's streams in a "
+            "pipeline of its own (eventbus.router._read_cluster), so redis-py's cluster pipeline no longer "
+            "asks a node the keys of every EVALSHA and XREADGROUP."
+        )
+    else:
+        out.append(
+            f"COMMAND GETKEYS: {lookups['publish']:,} at depth 1, {lookups['batched']:,} in {batched}, "
+            f"{lookups['route']:,} while routing, where 0 is expected: some calls still went through redis-py's "
+            "cluster pipeline (which asks a node the keys of every EVALSHA and XREADGROUP it queues), instead "
+            "of straight to their master (eventbus.scripts._execute_on_cluster, eventbus.router._read_cluster)."
+        )
+    idle = [rate for t in topologies for phase in ("publish", "batched") for rate in t[phase]["idle"]]
     out += [
         "",
         f"Background: a node of the cluster left idle meanwhile used {1000 * min(idle):.1f}-{1000 * max(idle):.1f} "
         "ms of CPU per second (serverCron, cluster bus); it is in the figures above, not subtracted. "
-        "/proc counts CPU in 10 ms ticks.",
+        + (
+            "Redis CPU: each thread's run time from /proc/PID/task/*/schedstat (ns)."
+            if SCHEDSTAT
+            else "Redis CPU from /proc/PID/stat, in 10 ms ticks."
+        ),
     ]
 
-    # Targets
+    # Targets: judged on the workers' path (depth 1) and the route; the batched publish informs.
     verdicts = []
 
     def verdict(ok: bool, text: str) -> None:
         verdicts.append(f"{'PASS' if ok else 'MISS'}  {text}")
 
-    for phase in ("publish", "route"):
+    def shares(phase: str) -> list[float]:
         cpu = three[phase]["cpu"]
-        total = sum(cpu.values())
-        shares = [cpu[name] / total for name in cpu]
-        verdict(
-            all(low <= s <= high for s in shares),
-            f"3 masters, {phase}: each master's share of the cluster's Redis CPU "
-            f"{' / '.join(f'{s:.3f}' for s in shares)} within {low:.4f}-{high:.4f} (a third ±15 %)",
-        )
-    for phase in ("publish", "route"):
-        ratio = (sum(three[phase]["cpu"].values()) / three[phase]["events"]) / (
+        return [cpu[name] / sum(cpu.values()) for name in cpu]
+
+    def ratio(phase: str) -> float:
+        return (sum(three[phase]["cpu"].values()) / three[phase]["events"]) / (
             sum(one[phase]["cpu"].values()) / one[phase]["events"]
         )
+
+    def share_text(values: list[float]) -> str:
+        return f"{' / '.join(f'{v:.3f}' for v in values)} within {low:.4f}-{high:.4f} (a third ±15 %)"
+
+    labels = {"publish": "publish at depth 1", "route": "route"}
+    for phase, label in labels.items():
         verdict(
-            ratio <= CPU_RATIO_TARGET,
-            f"3 masters, {phase}: the cluster's Redis CPU per event {ratio:.2f}x that of 1 master "
+            all(low <= v <= high for v in shares(phase)),
+            f"3 masters, {label}: each master's share of the cluster's Redis CPU {share_text(shares(phase))}",
+        )
+    for phase, label in labels.items():
+        verdict(
+            ratio(phase) <= CPU_RATIO_TARGET,
+            f"3 masters, {label}: the cluster's Redis CPU per event {ratio(phase):.2f}x that of 1 master "
             f"(target <= {CPU_RATIO_TARGET}x)",
         )
+    verdicts.append(
+        f"info  3 masters, publish in {batched}: each master's share of the cluster's Redis CPU "
+        f"{share_text(shares('batched'))}"
+    )
+    verdicts.append(
+        f"info  3 masters, publish in {batched}: the cluster's Redis CPU per event {ratio('batched'):.2f}x that "
+        f"of 1 master, not judged: a call reaches each of 3 masters as "
+        f"~{three['batched']['events'] / three['batched']['writes']:.0f} script calls in one write (1 master: "
+        f"{one['batched']['events'] / one['batched']['writes']:.0f}), so Redis's per-read cost (read syscall, "
+        "event-loop turn) is spread over a third as many events"
+    )
     classic_ratio = (sum(classic["route"]["cpu"].values()) / classic["route"]["events"]) / (
         sum(three["route"]["cpu"].values()) / three["route"]["events"]
     )
@@ -897,75 +1000,54 @@ def render(results: dict, args, info: dict) -> tuple[str, list[str]]:
             f"info  {t_name}: publish -> {what} p99 {p99} ms at {args.rate:,}/s "
             f"(SPEC §9's frame target: <= {LATENCY_P99_MS:.0f} ms at 1,000/s with 200 sockets)"
         )
+    from eventbus import router as bus_router
+
+    poll_min, poll_max = getattr(bus_router, "CLUSTER_POLL_MIN_MS", None), bus_router.CLUSTER_POLL_MS
     out += [
         "",
         f"The first {args.warmup:.0f} s of each run are warm-up (checked for exactly-once, left out of the "
-        "percentiles). On a cluster the router cannot block on streams of several slots: it polls, and "
-        "sleeps up to 100 ms (eventbus.router.CLUSTER_POLL_MS; less with a shorter --block-ms"
+        "percentiles). On a cluster a router of several streams cannot block on them (they live in several "
+        "slots): it polls, "
+        + (f"from {poll_min} ms doubling to " if poll_min else "up to ")
+        + f"{poll_max} ms while nothing comes (eventbus.router; at most --block-ms"
         + (f", {args.router_block_ms} ms in this run" if args.router_block_ms is not None else "")
-        + ") after a read that found nothing.",
+        + "); a router of one stream blocks on it.",
     ]
 
-    # Capacity
+    # Capacity: from the workers' path (depth 1) and the route.
     out += ["", "### What N masters would carry", ""]
     p3, r3 = three["publish"], three["route"]
-    rows = []
-    for name in p3["cpu"]:
-        if not r3["carried"][name]:
-            continue
-        cost = p3["cpu"][name] / p3["carried"][name] + r3["cpu"][name] / r3["carried"][name]
-        rows.append((name, cost))
+    rows = [
+        (name, p3["cpu"][name] / p3["carried"][name] + r3["cpu"][name] / r3["carried"][name])
+        for name in p3["cpu"]
+        if p3["carried"][name] and r3["carried"][name]
+    ]
     one_cost = (
         sum(one["publish"]["cpu"].values()) / one["publish"]["events"]
         + sum(one["route"]["cpu"].values()) / one["route"]["events"]
     )
-    out.append(
-        "Capacity of a master = 1 / (its Redis CPU seconds per event carried, publish + route) events/s "
-        "per core:"
-    )
-    out.append("")
-    out.append(f"- 1 master: {one_cost * 1e6:.1f} µs per event: {1 / one_cost:,.0f} events/s per core.")
+    out += [
+        "Capacity of a master = 1 / (its Redis CPU seconds per event carried: publish at depth 1 + route) "
+        "events/s per core:",
+        "",
+        f"- 1 master: {one_cost * 1e6:.1f} µs per event: {1 / one_cost:,.0f} events/s per core.",
+    ]
     for name, cost in rows:
         out.append(f"- 3 masters, {name}: {cost * 1e6:.1f} µs per event carried: {1 / cost:,.0f} events/s.")
     if rows:
-        lookups_by_node = {
-            name: p3["calls"][name]["command|getkeys"] + r3["calls"][name]["command|getkeys"]
-            for name in p3["cpu"]
-        }
-        default = max(lookups_by_node, key=lambda name: lookups_by_node[name])
-        if lookups_by_node[default] < p3["events"]:  # a few (XREADGROUP's), not one per script call
-            default = ""
-        plain = [(name, cost) for name, cost in rows if name != default] or rows
-        mean = sum(cost for _, cost in plain) / len(plain)
-        worst = max(cost for _, cost in plain)
-        share = {name: p3["carried"][name] / p3["events"] for name in p3["carried"]}
+        mean = sum(cost for _, cost in rows) / len(rows)
+        worst = max(cost for _, cost in rows)
+        share = {name: r3["carried"][name] / r3["events"] for name in r3["carried"]}
         bound = min(1 / (cost * share[name]) for name, cost in rows if share[name])
-        scaled = (
-            f"N masters on N machines carry about N × {1 / mean:,.0f} events/s (the mean of the "
-            f"{'other two' if default else 'three'}; N × {1 / worst:,.0f} by the costliest), e.g. "
-            f"{3 / mean:,.0f} events/s for 3 and {10 / mean:,.0f} for 10, provided the publishers and "
-            "routers are scaled out too."
-        )
-        if default:
-            own = dict(rows)[default]
-            lookups = max(0.0, (own - mean) * p3["carried"][default] / p3["events"])
-            out += [
-                "",
-                f"The clients' default node ({default}: the node REDIS_URL names, the same for every process) "
-                f"answers the COMMAND GETKEYS of every script call in the cluster: {lookups * 1e6:.1f} µs of its "
-                f"CPU per event of the cluster (its {own * 1e6:.1f} µs per event it carries, less the others' "
-                f"{mean * 1e6:.1f}). Like a broadcast, that node works for every event, so the cluster tops "
-                f"out near {1 / lookups if lookups else float('inf'):,.0f} events/s however many masters it "
-                f"gets: N masters carry 1 / ({mean * 1e6:.1f} / N + {lookups * 1e6:.1f}) µs, "
-                + ", ".join(f"{n} masters {1 / (mean / n + lookups):,.0f}/s" for n in (3, 10, 30))
-                + f". Without the lookups (see the --local-eval-keys section), {scaled}",
-            ]
-        else:
-            out += ["", f"With the shards spread evenly, {scaled}"]
-        out.append(
+        out += [
+            "",
+            f"With the shards spread evenly, N masters on N machines carry about N × {1 / mean:,.0f} events/s "
+            f"(the mean of the three; N × {1 / worst:,.0f} by the costliest), e.g. {3 / mean:,.0f} events/s "
+            f"for 3 and {10 / mean:,.0f} for 10, provided the publishers and routers are scaled out too. "
+            f"Published in {batched}, the publish part costs less (see the table above).",
             f"With this run's placement and costs the busiest master is the limit: {bound:,.0f} events/s "
-            "for these 3 masters."
-        )
+            "for these 3 masters (each master's share of the routed events).",
+        ]
         extra = sum(classic["route"]["cpu"].values()) - sum(r3["cpu"].values())
         other_nodes = len(classic["route"]["cpu"]) - 1
         broadcast = extra / (classic["route"]["events"] * other_nodes) if extra > 0 else 0.0
@@ -989,11 +1071,11 @@ def render(results: dict, args, info: dict) -> tuple[str, list[str]]:
             )
     router_us = us(sum(r3["router_cpu"]), r3["events"])
     publisher_us = us(p3["client_cpu"], p3["events"])
-    redis_us = us(sum(p3["cpu"].values()) + sum(r3["cpu"].values()), p3["events"])
+    redis_us = us(sum(p3["cpu"].values()), p3["events"]) + us(sum(r3["cpu"].values()), r3["events"])
     out += [
         "",
-        f"The other side of each event: {publisher_us:.0f} µs of the publisher's CPU and {router_us:.0f} µs of "
-        f"the routers' against {redis_us:.0f} µs of Redis (3 masters): about "
+        f"The other side of each event: {publisher_us:.0f} µs of the publisher's CPU (depth 1) and "
+        f"{router_us:.0f} µs of the routers' against {redis_us:.0f} µs of Redis (3 masters): about "
         f"{(publisher_us + router_us) / redis_us:.1f} Python cores per Redis core. This {info['nproc']}-core "
         "machine runs every master, router and the publisher at once, so its raw events/s cannot show 3 "
         "masters carrying 3 times 1 master's; the figures above are CPU per event, which the sharing of "
@@ -1002,32 +1084,33 @@ def render(results: dict, args, info: dict) -> tuple[str, list[str]]:
     return "\n".join(out), verdicts
 
 
-SECTIONS = {
-    "as-is": "## The bus as it is (the default run)",
-    "local-eval-keys": "## With --local-eval-keys (redis-py patched: EVALSHA's keys read from the command)",
-}
+BEGIN, END = "<!-- bench:cluster:begin -->", "<!-- bench:cluster:end -->"
+PREAMBLE = """# Redis Cluster benchmark (SPEC §9, §13)
+
+`bench/cluster.py` (`make bench-cluster`) runs the event bus on two private Redis Clusters, 1 master
+and 3 masters (shards spread by eventbus.placement.balance), and on the 3 masters once more with
+the routers publishing by classic PUBLISH. On each: a publish from one process at depth 1
+(`publish_event`, one event per call: the workers' path) and in batches (`publish_events`), real
+routers (`run_router --burst`) draining the batched backlog, then publish -> WebSocket frame
+latency through a daphne; every Redis node's CPU comes from /proc. The targets (3 masters against
+1: each master's share of the cluster's Redis CPU within a third ±15 %, Redis CPU per event <=
+1.1x) are judged at depth 1 and on the route; the batched figures are informative.
+
+    .venv/bin/python bench/cluster.py
+
+Each run replaces the section between the markers below; the text above them is kept.
+"""
 
 
-def write_report(mode: str, text: str, verdicts: list[str]) -> None:
-    """This run's section of bench/REPORT-cluster.md; the other mode's last section is kept."""
-    sections = {}
+def write_report(text: str, verdicts: list[str]) -> None:
+    """This run's section of bench/REPORT-cluster.md, between its markers; the rest is kept."""
+    section = f"{BEGIN}\n{text}\n\n### Targets\n\n```\n" + "\n".join(verdicts) + f"\n```\n{END}"
     current = REPORT.read_text() if REPORT.exists() else ""
-    for name in SECTIONS:
-        begin, end = f"<!-- bench:cluster:{name}:begin -->", f"<!-- bench:cluster:{name}:end -->"
-        if begin in current and end in current:
-            sections[name] = current.split(begin, 1)[1].split(end, 1)[0].strip("\n")
-    sections[mode] = f"{SECTIONS[mode]}\n\n{text}\n\n### Targets\n\n```\n" + "\n".join(verdicts) + "\n```"
-    blocks = [
-        f"<!-- bench:cluster:{name}:begin -->\n{sections[name]}\n<!-- bench:cluster:{name}:end -->"
-        for name in SECTIONS
-        if name in sections
-    ]
-    REPORT.write_text(
-        "# Redis Cluster benchmark (SPEC §9, §13)\n\n"
-        "Written by `bench/cluster.py` (`make bench-cluster`): each run replaces its own section below.\n\n"
-        + "\n\n".join(blocks)
-        + "\n"
-    )
+    if BEGIN in current and END in current:
+        head, rest = current.split(BEGIN, 1)
+        REPORT.write_text(head + section + rest.split(END, 1)[1])
+    else:
+        REPORT.write_text(PREAMBLE + "\n" + section + "\n")
 
 
 # --- main ---------------------------------------------------------------------------------------
@@ -1043,6 +1126,13 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=3_000, help="jobs the events spread over")
     parser.add_argument("--shards", type=int, default=6, help="shards of each domain (a multiple of 3)")
     parser.add_argument("--batch", type=int, default=50, help="events per publish_events call")
+    parser.add_argument(
+        "--single-events",
+        type=int,
+        default=20_000,
+        help="events published at depth 1 (one publish_event call each), on as many jobs as give "
+        "each job the events per job of --events over --jobs",
+    )
     parser.add_argument("--rate", type=int, default=1000, help="events/s of the latency runs")
     parser.add_argument("--duration", type=float, default=10.0, help="seconds of each latency run (0: none)")
     parser.add_argument("--warmup", type=float, default=1.0, help="seconds left out of the percentiles")
@@ -1056,16 +1146,15 @@ def main() -> None:
         type=int,
         help="--block-ms of the latency runs' routers (default: theirs, EVENTBUS['ROUTER_BLOCK_MS'])",
     )
-    parser.add_argument(
-        "--local-eval-keys",
-        action="store_true",
-        help="patch redis-py (here and in the routers) to read EVALSHA's keys from the command",
-    )
     parser.add_argument("--timeout", type=float, default=180, help="seconds a route phase may take")
     parser.add_argument("--no-report", action="store_true")
     args = parser.parse_args()
     if args.shards % 3:
         parser.error("--shards must be a multiple of 3")
+    if args.batch < 2 or args.jobs < 1:
+        parser.error("--batch must be above 1 (depth 1 is measured anyway), --jobs above 0")
+    if min(args.events, args.single_events) <= args.batch:
+        parser.error("--events and --single-events must be above --batch (the first --batch are the warm-up)")
 
     started = time.time()
     load_start = load_line()
@@ -1097,9 +1186,9 @@ def main() -> None:
         for cluster in clusters:
             cluster.load_scripts()
         topologies = [
-            Topology("1 master", clusters[0], "SPUBLISH", args.local_eval_keys),
-            Topology("3 masters", clusters[1], "SPUBLISH", args.local_eval_keys),
-            Topology("3 masters, PUBLISH", clusters[1], "PUBLISH", args.local_eval_keys),
+            Topology("1 master", clusters[0], "SPUBLISH"),
+            Topology("3 masters", clusters[1], "SPUBLISH"),
+            Topology("3 masters, PUBLISH", clusters[1], "PUBLISH"),
         ]
         for topology in topologies[:2]:
             print(
@@ -1108,19 +1197,19 @@ def main() -> None:
                 flush=True,
             )
         batch = workload(args.events, args.jobs)
-        results: dict = {"topologies": [], "latency": {}, "local_eval_keys": args.local_eval_keys}
-        if args.local_eval_keys:
-            local_eval_keys()
-            print("--local-eval-keys: redis-py reads EVALSHA's keys from the command (patched)", flush=True)
+        singles = workload(args.single_events, single_jobs(args), prefix="single")
+        results: dict = {"topologies": [], "latency": {}}
         for topology in topologies:
             others = [c for c in clusters if c is not topology.cluster]
             with override_settings(REDIS_URL=topology.cluster.url):
-                publish = publish_phase(topology, batch, args.batch, others)
-                print(
-                    f"{topology.name}: publish {publish['rate']:,.0f} events/s, Redis CPU "
-                    f"{sum(publish['cpu'].values()):.2f} s",
-                    flush=True,
-                )
+                publish = {}
+                for depth, events in ((1, singles), (args.batch, batch)):
+                    publish[depth] = publish_phase(topology, events, depth, args.batch, others)
+                    print(
+                        f"{topology.name}: publish at depth {depth}: {publish[depth]['rate']:,.0f} events/s, "
+                        f"Redis CPU {sum(publish[depth]['cpu'].values()):.2f} s",
+                        flush=True,
+                    )
                 route = route_phase(topology, batch, ctx["env"][topology.cluster.url], log_dir, args.timeout)
                 print(
                     f"{topology.name}: route {route['rate']:,.0f} events/s ({route['routers']} routers), "
@@ -1132,7 +1221,8 @@ def main() -> None:
                     "name": topology.name,
                     "shards": topology.shards,
                     "placement": topology.cluster.placement,
-                    "publish": publish,
+                    "publish": publish[1],
+                    "batched": publish[args.batch],
                     "route": route,
                 }
             )
@@ -1200,7 +1290,7 @@ def main() -> None:
     print("\n".join(verdicts))
     print(info["load_end"])
     if not args.no_report:
-        write_report("local-eval-keys" if args.local_eval_keys else "as-is", text, verdicts)
+        write_report(text, verdicts)
         print(f"written to {REPORT}")
     import shutil
 
