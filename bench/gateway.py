@@ -1088,7 +1088,7 @@ def render(results: dict, args, info: dict) -> str:
                 f"Redis blip with the {s['held']:,} sockets held (`CLIENT KILL TYPE pubsub`: the hub's "
                 f"connection, {b['killed']} killed): every job channel subscribed again in "
                 f"{b['resubscribed_in']} s; daphne's Redis connections {b['daphne_before']} before, peak "
-                f"{b['peak_daphne']}, {b['daphne_after']} after (each socket resyncs: one backfill each); "
+                f"{b['peak_daphne']}, {b['daphne_after']} after (every socket resyncs; the sockets of a job share one history read, and one database query answers many jobs' states); "
                 f"sockets still open {b['still_open']:,}; daphne RSS {b['rss']['VmRSS'] / 1024:.1f} MiB. "
                 f"An event published to every job right after the kill reached {b['probe']['received']:,} "
                 f"of {b['probe']['sockets']:,} sockets: p50 {b['probe']['ms']['p50']} ms, p99 "

@@ -46,6 +46,7 @@ from .backoff import retrying
 from .conf import gateway_settings
 from .hub import get_hub
 from .selectors import visible_operations
+from .states import job_state
 
 logger = logging.getLogger(__name__)
 
@@ -89,11 +90,6 @@ def find_job(user, job_id):
     return (
         visible_operations(user).filter(op_id=job_id).only("op_id", "domain", "state", "accepted_at").first()
     )
-
-
-@database_sync_to_async
-def job_state(pk) -> str:
-    return Operation.objects.filter(pk=pk).values_list("state", flat=True).get()
 
 
 def is_final(event: dict) -> bool:
