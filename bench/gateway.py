@@ -239,6 +239,18 @@ def create_fixtures(jobs: int) -> tuple[str, list[str]]:
     return session.session_key, [str(op.op_id) for op in operations]
 
 
+def server_command(server: str, port: int) -> list[str]:
+    """The gateway's one process: daphne (the default), or uvicorn with its websockets protocol."""
+    if server == "uvicorn":
+        return [
+            str(BIN / "uvicorn"),
+            "config.asgi:application",
+            *("--host", "127.0.0.1", "--port", str(port), "--ws", "websockets", "--lifespan", "off"),
+            *("--log-level", "warning", "--no-access-log"),
+        ]
+    return [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"]
+
+
 def wait_port(child: Child, port: int, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -1206,6 +1218,12 @@ def main() -> None:
         default="auto",
         help="one more run under py-spy: when the latency target is missed (auto)",
     )
+    parser.add_argument(
+        "--server",
+        choices=("daphne", "uvicorn"),
+        default="daphne",
+        help="The ASGI server of the gateway (its figures keep the name daphne in the report).",
+    )
     parser.add_argument("--no-report", action="store_true")
     parser.add_argument("--publisher", help=argparse.SUPPRESS)  # internal: the publisher process
     args = parser.parse_args()
@@ -1245,12 +1263,7 @@ def main() -> None:
 
         client = redis.Redis.from_url(redis_server.url, client_name="bench")
         port = free_port()
-        daphne = Child(
-            "daphne",
-            [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"],
-            env,
-            log_dir,
-        ).start()
+        daphne = Child("daphne", server_command(args.server, port), env, log_dir).start()
         children.append(daphne)
         router = Child("router", [sys.executable, "manage.py", "run_router"], env, log_dir).start()
         children.append(router)

@@ -37,15 +37,11 @@ from eventbus.conf import eventbus_settings
 from eventbus.selectors import job_channel
 from idempotency.models import Operation
 
-try:  # daphne's WebSocket stack: sending to a client whose connection just dropped
-    from autobahn.exception import Disconnected as ClientGone
-except ImportError:  # another ASGI server
-    ClientGone = ()  # type: ignore[assignment,misc]  # catching () catches nothing
-
 from .backoff import retrying
 from .conf import gateway_settings
 from .hub import get_hub
 from .selectors import visible_operations
+from .servers import ClientGone
 from .states import job_state
 
 logger = logging.getLogger(__name__)

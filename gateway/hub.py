@@ -34,6 +34,9 @@ from .conf import gateway_settings
 logger = logging.getLogger(__name__)
 # Redis is away for now (a restart, a failover, a dropped connection): try again.
 REDIS_AWAY: tuple[type[BaseException], ...] = (aioredis.ConnectionError, aioredis.TimeoutError, OSError)
+# Reads of the slot map before one that names a node that is no master is believed anyway
+# (about 1.5 s with the backoff).
+REHOME_TRIES = 6
 REDIS_AWAY_OR_RACED: tuple[type[BaseException], ...] = (*REDIS_AWAY, RuntimeError)  # see add()
 
 
@@ -324,13 +327,26 @@ class Hub:
         """Cluster: refresh the slot map and subscribe each channel still listened to on the
         master that owns it now (a failover, a slot moved), then resync its sockets from the
         history: what was published meanwhile went to a connection that no longer hears it.
-        With `force`, channels that stay on their master are subscribed and resynced again too."""
+        With `force`, channels that stay on their master are subscribed and resynced again too.
+
+        A slot map read at once may not know of a failover yet (the node asked learns of it a
+        moment later) and name the demoted master: a channel subscribed there (a replica now,
+        which takes the SSUBSCRIBE) would hear nothing. So each master the map names is asked
+        its ROLE, and the map is read again, a few times, until they all are masters."""
         assert self._cluster is not None
-        try:
-            await self._cluster.nodes_manager.initialize()
-        except REDIS_AWAY as exc:
-            logger.warning("gateway hub: the cluster's slot map could not be read (%s)", exc)
-            return
+        backoff = Backoff()
+        for attempt in range(REHOME_TRIES):
+            try:
+                await self._cluster.nodes_manager.initialize()
+            except REDIS_AWAY as exc:
+                logger.warning("gateway hub: the cluster's slot map could not be read (%s)", exc)
+                if attempt == REHOME_TRIES - 1:
+                    return
+            else:
+                nodes = {self._cluster.get_node_from_key(channel).name: channel for channel in channels}
+                if attempt == REHOME_TRIES - 1 or all([await self._is_master(c) for c in nodes.values()]):
+                    break
+            await backoff.wait()
         moved = []
         async with self._lock:
             for channel in channels:
@@ -357,6 +373,16 @@ class Hub:
         if moved:
             logger.warning("gateway hub: %d channel(s) moved to their new master; resyncing", len(moved))
             self._resync(moved)
+
+    async def _is_master(self, channel: str) -> bool:
+        """Whether the node the slot map names for this channel says it is a master."""
+        assert self._cluster is not None
+        node = self._cluster.get_node_from_key(channel)
+        try:
+            role = await self._cluster.execute_command("ROLE", target_nodes=node)
+        except REDIS_AWAY:
+            return False  # gone: a failover is under way
+        return bool(role) and role[0] in (b"master", "master")
 
     async def close(self) -> None:
         for line in self._lines.values():
