@@ -20,7 +20,8 @@ from idempotency.keys import IdemKey
 
 # drf-idempotency and this project both read a setting named IDEMPOTENCY, each refusing the
 # other's keys: in one project, drf-idempotency has to read another name.
-_drf_idempotency_settings.USER_SETTINGS_NAME = "DRF_IDEMPOTENCY"
+# (setattr: the package declares the name Final, which mypy would refuse once it is installed.)
+setattr(_drf_idempotency_settings, "USER_SETTINGS_NAME", "DRF_IDEMPOTENCY")  # noqa: B010
 
 
 def _context(request):
