@@ -49,7 +49,6 @@ import collections
 import datetime
 import json
 import os
-import platform
 import re
 import signal
 import subprocess
@@ -62,7 +61,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.gateway import Child, Target, close_sockets, create_fixtures, open_sockets, percentile, wait_port
-from bench.procstat import cpu_seconds
+from bench.procstat import cpu_seconds, run_info
 from config.redis_server import RedisClusterServers, RedisServer, free_port
 
 REPORT = ROOT / "bench" / "REPORT-cluster.md"
@@ -1249,7 +1248,6 @@ def main() -> None:
                         lat = {"error": f"{type(exc).__name__}: {str(exc)[:500]}"}
                 results["latency"][topology.name] = lat
                 print(f"{topology.name}: latency {lat.get('frames') or lat.get('tap') or lat}", flush=True)
-        import redis as redis_py
 
         redis_version = clusters[0].direct[next(iter(clusters[0].direct))].info("server")["redis_version"]
     finally:
@@ -1262,22 +1260,8 @@ def main() -> None:
         if plain:
             plain.stop()
 
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        "",
-    )
     info = {
-        "when": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": " ".join([".venv/bin/python", "bench/cluster.py", *sys.argv[1:]]),
-        "nproc": os.cpu_count(),
-        "cpu": cpu,
-        "python": platform.python_version(),
-        "django": django.get_version(),
-        "redis_py": redis_py.__version__,
+        **run_info("bench/cluster.py"),
         "redis": redis_version,
         "load_start": load_start,
         "load_end": load_line(),

@@ -35,7 +35,6 @@ import collections
 import datetime
 import json
 import os
-import platform
 import resource
 import shutil
 import signal
@@ -51,7 +50,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.database import BenchDatabase
-from bench.procstat import CLOCK_TICKS, cpu_seconds
+from bench.procstat import CLOCK_TICKS, cpu_seconds, run_info
 from config.redis_server import RedisServer, free_port  # noqa: E402
 
 BIN = Path(sys.executable).parent
@@ -1328,28 +1327,12 @@ def main() -> None:
 
     import channels
     import daphne as daphne_pkg
-    import django
-    import redis as redis_py
     import websockets
 
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        "",
-    )
     info = {
-        "when": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": " ".join([".venv/bin/python", "bench/gateway.py", *sys.argv[1:]]),
-        "nproc": os.cpu_count(),
-        "cpu": cpu,
-        "python": platform.python_version(),
-        "django": django.get_version(),
+        **run_info("bench/gateway.py"),
         "daphne": daphne_pkg.__version__,
         "channels": channels.__version__,
-        "redis_py": redis_py.__version__,
         "websockets": websockets.__version__,
         "redis": redis_version,
         "database": database.version,

@@ -51,7 +51,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.database import BenchDatabase
-from bench.procstat import cpu_seconds
+from bench.procstat import cpu_model, cpu_seconds
 from config.redis_server import free_port
 
 DEFAULT_PG = "postgres://postgres@127.0.0.1:5432/test"
@@ -339,14 +339,6 @@ async def read_response(reader) -> tuple[int, dict, bytes]:
 
 
 def machine(db: BenchDatabase, server: Server) -> dict:
-    cpu = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     from importlib.metadata import version
 
     import django
@@ -354,7 +346,7 @@ def machine(db: BenchDatabase, server: Server) -> dict:
 
     return {
         "nproc": os.cpu_count(),
-        "cpu": cpu,
+        "cpu": cpu_model(),
         "python": platform.python_version(),
         "django": django.get_version(),
         "database": db.version,

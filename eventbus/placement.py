@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from redis.exceptions import ResponseError
 
 from .delivery import streams_for
+from .redis import is_cluster
 
 logger = logging.getLogger(__name__)
 
@@ -56,14 +57,8 @@ def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _is_cluster(client) -> bool:
-    from .redis import is_cluster
-
-    return is_cluster(client)
-
-
 def _master_of(client, key: str) -> str:
-    if _is_cluster(client):
+    if is_cluster(client):
         return client.get_node_from_key(key).name
     pool = client.connection_pool
     if getattr(pool, "service_name", None):  # Sentinel: the master it names now
@@ -81,7 +76,7 @@ def placement(client, domains=None) -> list[ShardPlacement]:
         pipe.xlen(stream.key)
         pipe.xinfo_groups(stream.key)
     replies = pipe.execute(raise_on_error=False)
-    cluster = _is_cluster(client)
+    cluster = is_cluster(client)
     found = []
     for i, stream in enumerate(streams):
         length, groups = replies[2 * i], replies[2 * i + 1]
@@ -158,7 +153,7 @@ def balance(client, domains=None, *, dry_run: bool = False) -> list[Move]:
     """Move the slots of the bus's shards so that they spread evenly over the cluster's masters
     (plan()); nothing when they already do. Keys stay readable throughout: Redis redirects
     (ASK) a key's reader to wherever it is while its slot migrates."""
-    if not _is_cluster(client):
+    if not is_cluster(client):
         raise ValueError("shards are placed on a Redis Cluster; this is a single server")
     nodes = {node.name: node for node in client.get_primaries()}
     places = placement(client, domains)

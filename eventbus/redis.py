@@ -135,6 +135,16 @@ def is_cluster(client) -> bool:
     return isinstance(client, (RedisCluster, AsyncRedisCluster))
 
 
+def by_node(client, keys) -> list[tuple[Any, list[int]]]:
+    """The positions of these keys grouped by the cluster node that owns each one's slot, as
+    the cluster client's slot map says: (node, positions), a node once."""
+    groups: dict[str, tuple[Any, list[int]]] = {}
+    for i, key in enumerate(keys):
+        node = client.get_node_from_key(key)
+        groups.setdefault(node.name, (node, []))[1].append(i)
+    return list(groups.values())
+
+
 def reset_redis(**kwargs):
     """Drop the client (settings changed, or after a fork)."""
     global _client

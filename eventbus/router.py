@@ -25,7 +25,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from . import metrics
 from .conf import eventbus_settings
 from .delivery import APPLIED, DEFERRED, Delivery, Stream, count_route_results, streams_for
-from .redis import get_redis, is_cluster
+from .redis import by_node, get_redis, is_cluster
 from .scripts import run_pipelined
 from .worker import LoopWorker
 
@@ -187,12 +187,10 @@ class Router(LoopWorker):
         streams in one pipeline of its own (redis-py's cluster pipeline would first ask one
         node COMMAND GETKEYS for every XREADGROUP); a stream whose slot moved is read through
         the cluster client, which follows it."""
-        by_node: dict[str, tuple] = {}
-        for key, last_id in ids.items():
-            node = self.client.get_node_from_key(key)
-            by_node.setdefault(node.name, (node, []))[1].append((key, last_id))
+        reads = list(ids.items())
         replies: list = []
-        for node, streams in by_node.values():
+        for node, indexes in by_node(self.client, ids):
+            streams = [reads[i] for i in indexes]
             pipe = node.redis_connection.pipeline(transaction=False)
             for key, last_id in streams:
                 pipe.xreadgroup(self.group, self.consumer, {key: last_id}, count=self.count)

@@ -24,6 +24,8 @@ from redis.exceptions import (
     TryAgainError,
 )
 
+from .redis import by_node
+
 try:
     from hiredis import pack_command
 except ImportError:  # pragma: no cover - redis[hiredis] is a requirement
@@ -121,12 +123,8 @@ def _execute_on_cluster(client, calls: Sequence[ScriptCall]) -> list:
     ASK: a slot that moved; TRYAGAIN, CLUSTERDOWN) or could not take (connection lost) go
     through that pipeline, which follows redirections and refreshes the slot map."""
     results: list = [None] * len(calls)
-    by_node: dict[str, tuple] = {}
-    for i, call in enumerate(calls):
-        node = client.get_node_from_key(call.keys[0])
-        by_node.setdefault(node.name, (node, []))[1].append(i)
     again: list[int] = []
-    for node, indexes in by_node.values():
+    for node, indexes in by_node(client, [call.keys[0] for call in calls]):
         try:
             replies = _send_and_read(node.redis_connection, [calls[i] for i in indexes])
         except (redis.ConnectionError, redis.TimeoutError):

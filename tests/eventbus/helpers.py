@@ -70,32 +70,6 @@ def shard_subscribers(cluster, channel: str) -> int:
         return int(client.pubsub_shardnumsub(channel)[0][1])
 
 
-class ShardSubscriber:
-    """SSUBSCRIBE to these shard channels of a Redis Cluster, each on the master that owns it
-    (redis-py's ClusterPubSub), subscribed before anything is published."""
-
-    def __init__(self, cluster, channels: list[str]):
-        self.pubsub = cluster.pubsub(ignore_subscribe_messages=True)
-        self.pubsub.ssubscribe(*channels)
-        wait_for(
-            lambda: all(shard_subscribers(cluster, channel) == 1 for channel in channels),
-            message="the shard channel subscriptions",
-        )
-        self.events: list[dict] = []
-
-    def receive(self, count: int, timeout: float = 20) -> list[dict]:
-        def enough():
-            while (message := self.pubsub.get_sharded_message(timeout=0.01)) is not None:
-                self.events.append(json.loads(message["data"]))
-            return len(self.events) >= count
-
-        wait_for(enough, timeout=timeout, interval=0, message=f"{count} published events")
-        return self.events
-
-    def close(self):
-        self.pubsub.close()
-
-
 class Subscriber:
     """A pub/sub client on every job channel (pattern), subscribed before anything is published."""
 
@@ -112,19 +86,22 @@ class Subscriber:
         """Wait until `count` events in all arrived; return them all."""
 
         def enough():
-            while (message := self.pubsub.get_message(timeout=0.01)) is not None:
+            while (message := self._next(timeout=0.01)) is not None:
                 self.events.append(json.loads(message["data"]))
             return len(self.events) >= count
 
         wait_for(enough, timeout=timeout, interval=0, message=f"{count} published events")
         return self.events
 
+    def _next(self, timeout: float):
+        return self.pubsub.get_message(timeout=timeout)
+
     def drain(self, quiet: float = 0.2) -> list[dict]:
         """Everything that arrives until nothing did for `quiet` seconds."""
         quiet_until = time.monotonic() + quiet
         while time.monotonic() < quiet_until:
             # None also for the (ignored) subscribe confirmation: only data restarts the window.
-            message = self.pubsub.get_message(timeout=0.02)
+            message = self._next(timeout=0.02)
             if message is not None:
                 self.events.append(json.loads(message["data"]))
                 quiet_until = time.monotonic() + quiet
@@ -132,6 +109,23 @@ class Subscriber:
 
     def close(self):
         self.pubsub.close()
+
+
+class ShardSubscriber(Subscriber):
+    """SSUBSCRIBE to these shard channels of a Redis Cluster, each on the master that owns it
+    (redis-py's ClusterPubSub), subscribed before anything is published."""
+
+    def __init__(self, cluster, channels: list[str]):
+        self.pubsub = cluster.pubsub(ignore_subscribe_messages=True)
+        self.pubsub.ssubscribe(*channels)
+        wait_for(
+            lambda: all(shard_subscribers(cluster, channel) == 1 for channel in channels),
+            message="the shard channel subscriptions",
+        )
+        self.events: list[dict] = []
+
+    def _next(self, timeout: float):
+        return self.pubsub.get_sharded_message(timeout=timeout)
 
 
 def job_events(client, domain: str, job_id) -> list[tuple[str, int]]:

@@ -46,13 +46,18 @@ async def test_sockets_on_every_master_get_each_event_once(cluster, user, cookie
         await socket.disconnect()
 
 
+async def watched_job(cluster, user, cookie, seqs):
+    """A scan job, its channel and a socket watching it that got these seqs."""
+    [job] = (await sync_to_async(jobs_on_every_master)(cluster, user))[:1]
+    socket = await open_socket(f"/ws/jobs/{job.op_id}/", cookie, subscribed_to=job)
+    await publish_and_route(job, seqs)
+    assert [f["seq"] for f in await frames_until(socket, seqs[-1])] == seqs
+    return job, JobKeys("scan", str(job.op_id)).channel, socket
+
+
 async def test_a_channel_whose_slot_moves_is_followed_to_its_new_master(own_cluster, user, cookie):
     servers, cluster = own_cluster
-    [job] = (await sync_to_async(jobs_on_every_master)(cluster, user))[:1]
-    channel = JobKeys("scan", str(job.op_id)).channel
-    socket = await open_socket(f"/ws/jobs/{job.op_id}/", cookie, subscribed_to=job)
-    await publish_and_route(job, SCAN[:3])
-    assert [f["seq"] for f in await frames_until(socket, 12)] == SCAN[:3]
+    job, channel, socket = await watched_job(cluster, user, cookie, SCAN[:3])
 
     slot = cluster.keyslot(channel)
     source = cluster.get_node_from_key(channel).port
@@ -72,11 +77,7 @@ async def test_a_channel_whose_slot_moves_is_followed_to_its_new_master(own_clus
 
 async def test_a_channel_is_followed_through_a_failover_of_its_master(replicated_cluster, user, cookie):
     servers, cluster = replicated_cluster
-    [job] = (await sync_to_async(jobs_on_every_master)(cluster, user))[:1]
-    channel = JobKeys("scan", str(job.op_id)).channel
-    socket = await open_socket(f"/ws/jobs/{job.op_id}/", cookie, subscribed_to=job)
-    await publish_and_route(job, SCAN[:2])
-    assert [f["seq"] for f in await frames_until(socket, 11)] == SCAN[:2]
+    job, channel, socket = await watched_job(cluster, user, cookie, SCAN[:2])
 
     old = cluster.get_node_from_key(channel).port
     new = await sync_to_async(servers.failover)(old)
