@@ -60,7 +60,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.gateway import Child, Target, close_sockets, create_fixtures, open_sockets, percentile, wait_port
+from bench.gateway import (
+    Child,
+    Target,
+    close_sockets,
+    create_fixtures,
+    open_sockets,
+    percentile,
+    record_frames,
+    wait_port,
+)
 from bench.procstat import cpu_seconds, run_info
 from config.redis_server import RedisClusterServers, RedisServer, free_port
 
@@ -655,15 +664,7 @@ async def latency_phase(topology: Topology, ctx: dict, args, jobs: list[str]) ->
                 if daphne:
                     daphne.stop()
         frames = [[] for _ in sockets]
-
-        async def reader(ws, sink):
-            try:
-                async for raw in ws:
-                    sink.append((time.time_ns(), raw))
-            except Exception:
-                pass
-
-        readers = [asyncio.create_task(reader(ws, sink)) for ws, sink in zip(sockets, frames)]
+        readers = [asyncio.create_task(record_frames(ws, sink)) for ws, sink in zip(sockets, frames)]
         tap = Tap(cluster, [JobKeys("scan", job).channel for job in jobs])
         await tap.start()
 

@@ -659,6 +659,17 @@ def summarise_profile(path: Path, possible: float) -> dict:
     }
 
 
+async def record_frames(ws, sink: list) -> None:
+    """Each frame of the socket with the time it arrived (time.time_ns()), until it closes."""
+    from websockets.exceptions import ConnectionClosed
+
+    try:
+        async for raw in ws:
+            sink.append((time.time_ns(), raw))
+    except ConnectionClosed:
+        pass
+
+
 async def latency_run(ctx, args, run: int, profile: bool = False) -> dict:
     client, target, daphne, router = ctx["client"], ctx["target"], ctx["daphne"], ctx["router"]
     first = args.jobs + run * args.latency_jobs  # fresh jobs: no history to backfill
@@ -671,17 +682,7 @@ async def latency_run(ctx, args, run: int, profile: bool = False) -> dict:
         )
     subscribed, _ = await wait_channels(client, len(jobs))
     frames: list[list] = [[] for _ in sockets]
-
-    async def reader(ws, sink):
-        from websockets.exceptions import ConnectionClosed
-
-        try:
-            async for raw in ws:
-                sink.append((time.time_ns(), raw))
-        except ConnectionClosed:
-            pass
-
-    readers = [asyncio.create_task(reader(ws, sink)) for ws, sink in zip(sockets, frames)]
+    readers = [asyncio.create_task(record_frames(ws, sink)) for ws, sink in zip(sockets, frames)]
 
     # The tap: this process's own pattern subscription sees each router PUBLISH.
     tapped: list = []
