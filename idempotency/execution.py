@@ -2,9 +2,14 @@
 the @idempotent decorator.
 
 When the work runs in a transaction, its answer is stored inside that same transaction:
-a crash or rollback leaves either the work's effects with a COMPLETED record, or neither
-(a PENDING lease a retry takes over once it expires). Never a completed record without the
-effects, and never effects that a retry would repeat.
+a crash or rollback leaves either the work's effects with a COMPLETED record, or neither.
+Never a completed record without the effects, and never effects that a retry would repeat.
+
+Two ways to hold the key meanwhile (see stores/db.py): on PostgreSQL, when that transaction is
+on the record's database, a lock of the transaction and one INSERT of the answer in it
+(`run_locked`): a rollback leaves nothing behind, not even a lease. Elsewhere a durable lease,
+committed before the work and renewed while it runs (`run_leased`): a rollback leaves it
+PENDING, and a retry takes it over once it expires.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ from .heartbeat import keeper
 from .keys import IdemKey
 from .models import IdempotencyRecord
 from .responses import StoredResponse
-from .stores.base import BaseStore, Lease
+from .stores.base import Acquisition, BaseStore, Lease, Outcome
+from .stores.db import DatabaseStore
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +39,7 @@ class IdempotencyContext:
 
     scope: str
     key: IdemKey
-    lease: Lease
+    lease: Lease  # its token is "" when the key is held by the view's transaction (run_locked)
     takeover: bool
 
 
@@ -94,6 +100,51 @@ def run_leased(
     if not isinstance(answer, StoredResponse):
         _settle(store.release if answer is Verdict.RELEASE else store.fail, lease)
     return Ran(result, stored)
+
+
+class _AnsweredFirst(Exception):
+    """Another request stored an answer under the key first: the work is rolled back."""
+
+    def __init__(self, lease: Lease):
+        super().__init__(lease)
+        self.lease = lease
+
+
+def run_locked(
+    store: DatabaseStore,
+    claim: Callable[[], Acquisition],
+    work: Callable[[Acquisition], object],
+    to_stored: Callable[[object], StoredResponse | Verdict],
+    *,
+    aliases: list[str],
+) -> Acquisition | Ran:
+    """Run `work` in a transaction on `aliases` that first holds its key (`claim()`, e.g. the
+    store's claim on its lock_alias) and last stores `to_stored(result)`, all in that same
+    transaction. Returns the Acquisition instead when the key's record answers (replay,
+    mismatch, in flight), also when another request stored first (the work rolled back).
+
+    Verdicts: an answer is stored COMPLETED; FAIL (a 5xx, a streamed body: the work's effects
+    commit) keeps the key FAILED; RELEASE stores nothing. An exception rolls everything back and
+    propagates, storing nothing: there are no effects, so the key stays as it was (free)."""
+    try:
+        with ExitStack() as stack:
+            for alias in aliases:
+                stack.enter_context(transaction.atomic(using=alias))
+            acquisition = claim()
+            if acquisition.outcome is not Outcome.ACQUIRED:
+                return acquisition
+            held = acquisition.claim
+            assert held is not None
+            result = work(acquisition)
+            answer = to_stored(result)
+            if answer is Verdict.RELEASE:
+                store.drop(held)
+            elif not store.record_answer(held, answer if isinstance(answer, StoredResponse) else None):
+                raise _AnsweredFirst(held.lease)
+    except _AnsweredFirst as lost:
+        lease = lost.lease
+        return store.answer_of_winner(scope=lease.scope, key=lease.key, fingerprint=lease.fingerprint)
+    return Ran(result, stored=True)
 
 
 def _complete(store: BaseStore, lease: Lease, answer: StoredResponse, *, in_transaction: bool) -> bool:

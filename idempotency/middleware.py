@@ -2,13 +2,17 @@
 
 It sits last in MIDDLEWARE and, for a covered request that carries a key, calls the view
 itself, so that the view's transaction can also store its answer (see execution.py).
+
+It runs in either mode (Django's sync_capable / async_capable). Under ASGI, a request it does
+not cover goes through without leaving the event loop; a keyed one makes one trip to a worker
+thread for the database work and the view (where Django would run a sync view anyway).
 """
 
 from __future__ import annotations
 
 import logging
 
-from asgiref.sync import async_to_sync, iscoroutinefunction
+from asgiref.sync import async_to_sync, iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.db import InterfaceError, OperationalError, close_old_connections
 from django.urls import Resolver404, get_resolver
 
@@ -22,14 +26,14 @@ from .exceptions import (
     IdempotencyKeyMissing,
     LeaseLost,
 )
-from .execution import IdempotencyContext, Verdict, run_leased, transaction_aliases
+from .execution import IdempotencyContext, Ran, Verdict, run_leased, run_locked, transaction_aliases
 from .fingerprint import body_digest, request_fingerprint
 from .keys import IdemKey, InvalidKey
 from .policy import OPTIONAL, policy_for
 from .problems import problem_from_error
 from .responses import STORED_HEADER, StoredResponse, capture, is_refusal, is_storable, refused_status, replay
 from .scope import resolve_scope
-from .stores.base import Outcome
+from .stores.base import Acquisition, Outcome
 
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS", "TRACE")
 # A lost or refused database connection: the request's transaction, if any, is gone with it.
@@ -73,21 +77,75 @@ def covered_view(request):
     return match.func if policy_for(match.func, request.method) is not None else None
 
 
+def refusal(acquisition: Acquisition):
+    """The answer of a key whose record answers instead of the view: replay, 409 or 422."""
+    if acquisition.outcome is Outcome.REPLAY:
+        metrics.count("replay")
+        assert acquisition.response is not None
+        return replay(acquisition.response)
+    if acquisition.outcome is Outcome.IN_FLIGHT:
+        metrics.count("conflict")
+        return problem_from_error(IdempotencyInProgress(retry_after=acquisition.retry_after))
+    metrics.count("mismatch")
+    return problem_from_error(
+        IdempotencyKeyMismatch(
+            f"This {idempotency_settings.HEADER} was used for a request with another method, path, "
+            "query string or body."
+        )
+    )
+
+
+def keyed_policy(request, view_func):
+    """The policy of a request this middleware handles (None: it lets the request through)."""
+    policy = policy_for(view_func, request.method)
+    if policy is None or (policy.mode == OPTIONAL and idempotency_settings.HEADER not in request.headers):
+        return None
+    return policy
+
+
 class IdempotencyMiddleware:
+    sync_capable = True
+    async_capable = True
+
     def __init__(self, get_response):
         self.get_response = get_response
+        self.is_async = iscoroutinefunction(get_response)
+        if self.is_async:
+            markcoroutinefunction(self)
+            # Django adapts process_view by what it is: a coroutine function keeps it on the loop.
+            self.process_view = self.aprocess_view
 
     def __call__(self, request):
+        if self.is_async:
+            return self.__acall__(request)
+        self.fingerprint_body(request)
+        return self.get_response(request)
+
+    async def __acall__(self, request):
+        # Under ASGI the body is already spooled (in memory or a file): hashing it needs no thread.
+        self.fingerprint_body(request)
+        return await self.get_response(request)
+
+    @staticmethod
+    def fingerprint_body(request) -> None:
         # Fingerprint the body now, before any process_view (the CSRF check, DRF's session
         # authentication) parses a multipart body and consumes its stream.
         if covered_view(request) is not None:
             request._idempotency_body = body_digest(request)
-        return self.get_response(request)
 
     def process_view(self, request, view_func, view_args, view_kwargs):
-        policy = policy_for(view_func, request.method)
+        policy = keyed_policy(request, view_func)
+        return None if policy is None else self.guarded(request, policy, view_func, view_args, view_kwargs)
+
+    async def aprocess_view(self, request, view_func, view_args, view_kwargs):
+        policy = keyed_policy(request, view_func)
         if policy is None:
             return None
+        # One trip to the thread Django runs sync views in: the database work and the view share
+        # its connection and transaction.
+        return await sync_to_async(self.guarded)(request, policy, view_func, view_args, view_kwargs)
+
+    def guarded(self, request, policy, view_func, view_args, view_kwargs):
         try:
             return self.keyed(request, policy, view_func, view_args, view_kwargs)
         except CONNECTION_ERRORS as exc:
@@ -104,8 +162,6 @@ class IdempotencyMiddleware:
     def keyed(self, request, policy, view_func, view_args, view_kwargs):
         header = idempotency_settings.HEADER
         raw_key = request.headers.get(header)
-        if raw_key is None and policy.mode == OPTIONAL:
-            return None
         scope = resolve_scope(request, view_func)
         if scope is None:
             return None  # not authenticated: the view refuses the request, nothing is stored
@@ -119,39 +175,42 @@ class IdempotencyMiddleware:
             return problem_from_error(IdempotencyKeyInvalid(str(exc)))
 
         store = idempotency_settings.STORE()
-        lease_seconds = policy.lease_seconds or idempotency_settings.LEASE_SECONDS
-        acquisition = store.acquire(
-            scope=scope,
-            key=key.value,
-            fingerprint=request_fingerprint(request, getattr(request, "_idempotency_body", None)),
-            lease_seconds=lease_seconds,
-            ttl_seconds=policy.ttl_seconds or idempotency_settings.TTL,
-            method=request.method,
-            path=request.get_full_path()[:2048],
-        )
-        if acquisition.outcome is Outcome.REPLAY:
-            metrics.count("replay")
-            return replay(acquisition.response)
-        if acquisition.outcome is Outcome.IN_FLIGHT:
-            metrics.count("conflict")
-            return problem_from_error(IdempotencyInProgress(retry_after=acquisition.retry_after))
-        if acquisition.outcome is Outcome.MISMATCH:
-            metrics.count("mismatch")
-            return problem_from_error(
-                IdempotencyKeyMismatch(
-                    f"This {header} was used for a request with another method, path, query string or body."
-                )
-            )
+        fingerprint = request_fingerprint(request, getattr(request, "_idempotency_body", None))
+        aliases = transaction_aliases(view_func, atomic=policy.atomic)
+        claim = {
+            "scope": scope,
+            "key": key.value,
+            "fingerprint": fingerprint,
+            "ttl_seconds": policy.ttl_seconds or idempotency_settings.TTL,
+            "method": request.method,
+            "path": request.get_full_path()[:2048],
+        }
 
-        metrics.count("takeover" if acquisition.takeover else "miss")
-        request.idempotency = IdempotencyContext(scope, key, acquisition.lease, acquisition.takeover)
+        def run_view(acquisition):
+            metrics.count("takeover" if acquisition.takeover else "miss")
+            request.idempotency = IdempotencyContext(scope, key, acquisition.lease, acquisition.takeover)
+            return call_view(view_func, request, view_args, view_kwargs)
+
+        if (using := store.lock_alias(aliases)) is not None:
+            # Cached replays first: they need no transaction.
+            known = store.cached(scope=scope, key=key.value, fingerprint=fingerprint)
+            outcome = known or run_locked(
+                store, lambda: store.claim(**claim, using=using), run_view, answer_of, aliases=aliases
+            )
+            return outcome.result if isinstance(outcome, Ran) else refusal(outcome)
+
+        lease_seconds = policy.lease_seconds or idempotency_settings.LEASE_SECONDS
+        acquisition = store.acquire(**claim, lease_seconds=lease_seconds)
+        if acquisition.outcome is not Outcome.ACQUIRED:
+            return refusal(acquisition)
+        assert acquisition.lease is not None
         try:
             ran = run_leased(
                 store,
                 acquisition.lease,
-                lambda: call_view(view_func, request, view_args, view_kwargs),
+                lambda: run_view(acquisition),
                 answer_of,
-                aliases=transaction_aliases(view_func, atomic=policy.atomic),
+                aliases=aliases,
                 lease_seconds=lease_seconds,
                 on_error=error_verdict,
             )

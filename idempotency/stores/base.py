@@ -9,10 +9,14 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from django.utils import timezone
 
 from ..responses import StoredResponse
+
+if TYPE_CHECKING:
+    from .db import Claim
 
 
 class Outcome(enum.Enum):
@@ -41,6 +45,7 @@ class Acquisition:
     response: StoredResponse | None = None  # with REPLAY
     expires_at: datetime | None = None  # with REPLAY: the record's expiry
     retry_after: int = 0  # with IN_FLIGHT
+    claim: Claim | None = None  # with ACQUIRED by DatabaseStore.claim (the key held by a transaction)
 
 
 class BaseStore:
@@ -59,6 +64,15 @@ class BaseStore:
         path: str = "",
     ) -> Acquisition:
         raise NotImplementedError("subclasses of BaseStore must provide an acquire() method")
+
+    def cached(self, *, scope: str, key: str, fingerprint: str) -> Acquisition | None:
+        """A REPLAY or MISMATCH known without asking the database (a cache); None: ask it."""
+        return None
+
+    def lock_alias(self, aliases: list[str]) -> str | None:
+        """The database on which this store can hold a key by a lock of the work's transaction
+        (on `aliases`) instead of a durable lease; None: durable leases only (the default)."""
+        return None
 
     def complete(self, lease: Lease, response: StoredResponse) -> bool:
         """Store the answer if the lease is still held; False when it was taken over."""

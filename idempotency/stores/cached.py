@@ -31,13 +31,18 @@ class CachedStore(DatabaseStore):
         # Hashed: keys may hold characters some cache backends refuse.
         return self.cache_prefix + hashlib.sha256(f"{scope}\0{key}".encode()).hexdigest()
 
-    def acquire(self, *, scope, key, fingerprint, lease_seconds, ttl_seconds, method="", path=""):
+    def cached(self, *, scope, key, fingerprint):
         entry = self._cache_call("get", scope, key)
-        if entry is not None and entry["expires"] > self.now().timestamp():
-            if entry["fingerprint"] != fingerprint:
-                return Acquisition(Outcome.MISMATCH)
-            response = StoredResponse(entry["status"], tuple(map(tuple, entry["headers"])), entry["body"])
-            return Acquisition(Outcome.REPLAY, response=response)
+        if entry is None or entry["expires"] <= self.now().timestamp():
+            return None
+        if entry["fingerprint"] != fingerprint:
+            return Acquisition(Outcome.MISMATCH)
+        response = StoredResponse(entry["status"], tuple(map(tuple, entry["headers"])), entry["body"])
+        return Acquisition(Outcome.REPLAY, response=response)
+
+    def acquire(self, *, scope, key, fingerprint, lease_seconds, ttl_seconds, method="", path=""):
+        if (known := self.cached(scope=scope, key=key, fingerprint=fingerprint)) is not None:
+            return known
         acquisition = super().acquire(
             scope=scope,
             key=key,
@@ -47,18 +52,42 @@ class CachedStore(DatabaseStore):
             method=method,
             path=path,
         )
-        if acquisition.outcome is Outcome.REPLAY:
-            self._remember(scope, key, fingerprint, acquisition.response, acquisition.expires_at)
-        return acquisition
+        return self._remembered(acquisition, scope, key, fingerprint)
+
+    def claim(self, *, scope, key, fingerprint, ttl_seconds, method="", path="", using):
+        acquisition = super().claim(
+            scope=scope,
+            key=key,
+            fingerprint=fingerprint,
+            ttl_seconds=ttl_seconds,
+            method=method,
+            path=path,
+            using=using,
+        )
+        return self._remembered(acquisition, scope, key, fingerprint)
 
     def complete(self, lease, response):
         done = super().complete(lease, response)
         if done:
-            transaction.on_commit(
-                lambda: self._remember(lease.scope, lease.key, lease.fingerprint, response, lease.expires_at),
-                robust=True,
-            )
+            self._remember_on_commit(lease, response)
         return done
+
+    def record_answer(self, claim, response):
+        done = super().record_answer(claim, response)
+        if done and response is not None:
+            self._remember_on_commit(claim.lease, response)
+        return done
+
+    def _remembered(self, acquisition, scope, key, fingerprint):
+        if acquisition.outcome is Outcome.REPLAY:
+            self._remember(scope, key, fingerprint, acquisition.response, acquisition.expires_at)
+        return acquisition
+
+    def _remember_on_commit(self, lease, response):
+        transaction.on_commit(
+            lambda: self._remember(lease.scope, lease.key, lease.fingerprint, response, lease.expires_at),
+            robust=True,
+        )
 
     def evict(self, *, scope, key):
         super().evict(scope=scope, key=key)

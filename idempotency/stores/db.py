@@ -1,12 +1,24 @@
-"""The database store: the source of truth. UNIQUE (scope, key) decides races."""
+"""The database store: the source of truth. UNIQUE (scope, key) decides races.
+
+Two ways to hold a key while its request runs:
+- a durable lease: a PENDING record committed before the work, completed by an UPDATE after
+  it (`acquire`, `complete`, `fail`, `release`); any database, any view;
+- on PostgreSQL, for work that runs in a transaction on the record's database: a lock of that
+  transaction (`claim`), and one INSERT of the answer in it (`record_answer`). Nothing is
+  written before the work, and a crash or rollback leaves nothing to take over.
+"""
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
 import math
 import uuid
-from datetime import timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
-from django.db import IntegrityError, router, transaction
+from django.db import IntegrityError, connections, router, transaction
 
 from ..models import IdempotencyRecord
 from ..responses import StoredResponse
@@ -16,6 +28,102 @@ State = IdempotencyRecord.State
 # A record can change under us between the failed INSERT and the read; a few rounds settle it.
 MAX_ROUNDS = 5
 CLEANUP_BATCH = 1000
+# What claim() reads of a record, in this order (Found's fields).
+FOUND_FIELDS = (
+    "id",
+    "fingerprint",
+    "state",
+    "lease_token",
+    "lease_expires_at",
+    "expires_at",
+    "response_status",
+    "response_headers",
+    "response_body",
+)
+ANSWER_FIELDS = (
+    "scope",
+    "key",
+    "fingerprint",
+    "method",
+    "path",
+    "state",
+    "lease_token",
+    "response_status",
+    "response_headers",
+    "response_body",
+    "created_at",
+    "completed_at",
+    "expires_at",
+)
+
+
+def lock_id(scope: str, key: str) -> int:
+    """The key's PostgreSQL advisory lock: a stable signed 64-bit hash of (scope, key). Two keys
+    sharing one (a 2**-64 chance) only make one of them wait (409) while the other runs."""
+    digest = hashlib.blake2b(f"{scope}\0{key}".encode(), digest_size=8, person=b"idem-key").digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """A record as claim() read it; it has what _answer(), _stored() and _take_over() use."""
+
+    pk: int
+    fingerprint: str
+    state: str
+    lease_token: str
+    lease_expires_at: datetime | None
+    expires_at: datetime
+    response_status: int | None
+    response_headers: list
+    response_body: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A key held by the lock of the work's transaction; what its answer is written with."""
+
+    lease: Lease  # token "": no record holds the key while the work runs
+    method: str
+    path: str
+    now: datetime
+    replaces: Found | None  # a record the answer takes over (FAILED, dead lease, expired)
+
+
+def _columns(names) -> list[str]:
+    column = {field.name: str(field.column) for field in IdempotencyRecord._meta.concrete_fields}
+    return [column[name] for name in names]
+
+
+@functools.cache
+def _sql() -> tuple[str, str, str]:
+    """claim()'s two reads and record_answer()'s INSERT, built once."""
+    quote = connections[router.db_for_write(IdempotencyRecord)].ops.quote_name
+    table = quote(IdempotencyRecord._meta.db_table)
+    found = ", ".join(f"r.{quote(c)}" for c in _columns(FOUND_FIELDS))
+    scope, key, state, expires = (quote(c) for c in _columns(("scope", "key", "state", "expires_at")))
+    # The lock is skipped for a live COMPLETED record, so that concurrent replays never wait.
+    lock_and_read = (
+        f"SELECT CASE WHEN r.{state} = %s AND r.{expires} > %s THEN NULL ELSE pg_try_advisory_xact_lock(%s) END, "
+        f"{found} FROM (SELECT 1) AS one LEFT JOIN {table} AS r ON r.{scope} = %s AND r.{key} = %s"
+    )
+    read = f"SELECT {found} FROM {table} AS r WHERE r.{scope} = %s AND r.{key} = %s"
+    columns = _columns(ANSWER_FIELDS)
+    values = ", ".join("%s::jsonb" if name == "response_headers" else "%s" for name in ANSWER_FIELDS)
+    insert = (
+        f"INSERT INTO {table} ({', '.join(quote(c) for c in columns)}) VALUES ({values}) "
+        "ON CONFLICT DO NOTHING RETURNING 1"
+    )
+    return lock_and_read, read, insert
+
+
+def _found(row) -> Found | None:
+    if row is None or row[0] is None:
+        return None
+    pk, fingerprint, state, token, lease_expires_at, expires_at, status, headers, body = row
+    # Django has psycopg hand jsonb over as text (its JSONField decodes it).
+    headers = json.loads(headers) if isinstance(headers, str) else headers
+    return Found(pk, fingerprint, state, token, lease_expires_at, expires_at, status, headers, body)
 
 
 class DatabaseStore(BaseStore):
@@ -55,16 +163,9 @@ class DatabaseStore(BaseStore):
                         Outcome.ACQUIRED, lease=Lease(scope, key, token, fingerprint, expires_at)
                     )
                 continue
-            if record.fingerprint != fingerprint:
-                return Acquisition(Outcome.MISMATCH)
-            if record.state == State.COMPLETED:
-                return Acquisition(
-                    Outcome.REPLAY, response=self._stored(record), expires_at=record.expires_at
-                )
-            if record.state == State.PENDING and record.lease_expires_at > now:
-                wait = math.ceil((record.lease_expires_at - now).total_seconds())
-                return Acquisition(Outcome.IN_FLIGHT, retry_after=max(1, wait))
-            # FAILED (nothing stored: execute again), or PENDING whose owner died.
+            answer = self._answer(record, fingerprint, now)
+            if answer is not None:
+                return answer
             if self._take_over(record, lease):
                 return Acquisition(
                     Outcome.ACQUIRED,
@@ -72,6 +173,109 @@ class DatabaseStore(BaseStore):
                     takeover=record.state == State.PENDING,
                 )
         return Acquisition(Outcome.IN_FLIGHT, retry_after=1)
+
+    def _answer(self, record, fingerprint, now) -> Acquisition | None:
+        """What a live (unexpired) record answers a request under its key; None when the request
+        may take the key over: FAILED (nothing stored: execute again), or PENDING whose owner died."""
+        if record.fingerprint != fingerprint:
+            return Acquisition(Outcome.MISMATCH)
+        if record.state == State.COMPLETED:
+            return Acquisition(Outcome.REPLAY, response=self._stored(record), expires_at=record.expires_at)
+        if record.state == State.PENDING and record.lease_expires_at > now:
+            wait = math.ceil((record.lease_expires_at - now).total_seconds())
+            return Acquisition(Outcome.IN_FLIGHT, retry_after=max(1, wait))
+        return None
+
+    def lock_alias(self, aliases: list[str]) -> str | None:
+        """The database on which claim() can hold a key for work in a transaction on `aliases`:
+        the record's, when the work's transaction is on it and it is PostgreSQL."""
+        using = router.db_for_write(IdempotencyRecord)
+        return using if using in aliases and connections[using].vendor == "postgresql" else None
+
+    def claim(self, *, scope, key, fingerprint, ttl_seconds, method="", path="", using) -> Acquisition:
+        """Inside the work's transaction on `using` (see lock_alias): hold the key by an advisory
+        lock that ends with the transaction, and read its record. ACQUIRED carries a Claim.
+
+        The first statement takes the lock and reads the record; a record it reads that answers
+        (replay, mismatch, another's live lease) is the answer. When it took the lock and found
+        no such record, the record is read again: that statement's snapshot follows the lock, so
+        it sees the answer of a request that held the lock and committed while the first
+        statement ran (whose snapshot came before its lock), and the work never runs twice."""
+        now = self.now()
+        lock_and_read, read, _ = _sql()
+        with connections[using].cursor() as cursor:
+            cursor.execute(lock_and_read, [State.COMPLETED, now, lock_id(scope, key), scope, key])
+            locked, *row = cursor.fetchone()
+            found = _found(row)
+            if (
+                found is not None
+                and found.expires_at > now
+                and (answer := self._answer(found, fingerprint, now))
+            ):
+                return answer
+            if not locked:
+                return Acquisition(Outcome.IN_FLIGHT, retry_after=1)
+            cursor.execute(read, [scope, key])
+            found = _found(cursor.fetchone())
+        takeover, expires_at = False, now + timedelta(seconds=ttl_seconds)
+        if found is not None and found.expires_at > now:
+            if answer := self._answer(found, fingerprint, now):
+                return answer
+            takeover, expires_at = found.state == State.PENDING, found.expires_at
+        lease = Lease(scope, key, "", fingerprint, expires_at)
+        return Acquisition(
+            Outcome.ACQUIRED, lease=lease, takeover=takeover, claim=Claim(lease, method, path, now, found)
+        )
+
+    def record_answer(self, claim: Claim, response: StoredResponse | None) -> bool:
+        """In the transaction that claimed the key: store `response` (COMPLETED), or with None
+        keep the key FAILED (the work's effects commit without an answer). False when another
+        request stored first (the UNIQUE constraint, or the compare-and-set on the record it
+        replaces, decides): the caller rolls the work back."""
+        lease, stored = claim.lease, response is not None
+        fields = {
+            "scope": lease.scope,
+            "key": lease.key,
+            "fingerprint": lease.fingerprint,
+            "method": claim.method,
+            "path": claim.path,
+            "state": State.COMPLETED if stored else State.FAILED,
+            "lease_token": "",
+            "response_status": response.status if response is not None else None,
+            "response_headers": [list(pair) for pair in response.headers] if response is not None else [],
+            "response_body": response.body if response is not None else None,
+            "created_at": claim.now,
+            "completed_at": self.now() if stored else None,
+            "expires_at": lease.expires_at,
+        }
+        if claim.replaces is not None:
+            return self._take_over(claim.replaces, {**fields, "lease_expires_at": None})
+        # Raw SQL: building the ORM's create() costs about as much CPU as the view's own INSERT,
+        # on every first request. ON CONFLICT DO NOTHING keeps the transaction usable for the
+        # rollback the caller then does.
+        fields["response_headers"] = json.dumps(fields["response_headers"])
+        with connections[router.db_for_write(IdempotencyRecord)].cursor() as cursor:
+            cursor.execute(_sql()[2], [fields[name] for name in ANSWER_FIELDS])
+            return cursor.fetchone() is not None
+
+    def drop(self, claim: Claim) -> None:
+        """The work was refused (the key is free again): forget the record it would have replaced."""
+        if claim.replaces is not None:
+            self._records_as_found(claim.replaces).delete()
+
+    def answer_of_winner(self, *, scope, key, fingerprint) -> Acquisition:
+        """After record_answer() lost (and the work rolled back): the answer the winner's record
+        gives. A record that gives none (failed, deleted since) is answered 409 for a retry."""
+        record = IdempotencyRecord.objects.filter(scope=scope, key=key).first()
+        now = self.now()
+        answer = self._answer(record, fingerprint, now) if record and record.expires_at > now else None
+        return answer or Acquisition(Outcome.IN_FLIGHT, retry_after=1)
+
+    @staticmethod
+    def _records_as_found(found):
+        return IdempotencyRecord.objects.filter(
+            pk=found.pk, state=found.state, lease_token=found.lease_token, expires_at=found.expires_at
+        )
 
     @staticmethod
     def _insert(**fields) -> None:
@@ -85,14 +289,10 @@ class DatabaseStore(BaseStore):
         else:
             IdempotencyRecord.objects.using(using).create(**fields)
 
-    @staticmethod
-    def _take_over(record, changes) -> bool:
+    @classmethod
+    def _take_over(cls, record, changes) -> bool:
         """Compare-and-set on the lease we saw: of two racing takers, one wins."""
-        return bool(
-            IdempotencyRecord.objects.filter(
-                pk=record.pk, state=record.state, lease_token=record.lease_token, expires_at=record.expires_at
-            ).update(**changes)
-        )
+        return bool(cls._records_as_found(record).update(**changes))
 
     @staticmethod
     def _stored(record) -> StoredResponse:

@@ -15,6 +15,15 @@ def fresh_calls():
 
 
 @pytest.fixture
+def durable_leases(monkeypatch):
+    """Atomic views hold their key by a durable lease, as on databases other than PostgreSQL
+    (on PostgreSQL they hold it by a lock of their transaction: DatabaseStore.lock_alias)."""
+    from idempotency.stores.db import DatabaseStore
+
+    monkeypatch.setattr(DatabaseStore, "lock_alias", lambda self, aliases: None)
+
+
+@pytest.fixture
 def client_for():
     """A Django test client logged in as the given user (session auth)."""
 
