@@ -19,6 +19,7 @@ safe for the bus (EVENTBUS["REDIS_DURABILITY"] = "refuse").
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import uuid
@@ -37,9 +38,10 @@ from eventbus.conf import eventbus_settings
 from eventbus.selectors import job_channel
 from idempotency.models import Operation
 
+from . import eager
 from .backoff import retrying
 from .conf import gateway_settings
-from .hub import get_hub
+from .hub import Frame, get_hub
 from .selectors import visible_operations
 from .servers import ClientGone
 from .states import job_state
@@ -50,7 +52,6 @@ BAD_REQUEST, NOT_LOGGED_IN, NOT_FOUND, TOO_SLOW = 4400, 4401, 4404, 4008
 MAX_SEQ = 2**53
 # A lost or refused database connection (database_sync_to_async drops it: the next try gets a new one).
 DATABASE_AWAY = (OperationalError, InterfaceError)
-_RESYNC = object()  # queue item: backfill from the history
 # The job's outcome is known (its final event carries it too, if it was published).
 ENDED = frozenset(
     {Operation.State.COMPLETED.value, Operation.State.FAILED.value, Operation.State.TIMED_OUT.value}
@@ -95,15 +96,22 @@ def is_final(event: dict) -> bool:
 
 
 class JobStreamConsumer(AsyncWebsocketConsumer):
+    """One socket. It has no task of its own while it streams live: the hub hands it each
+    frame and it sends it there and then (gateway.eager). A task runs only while the socket
+    catches up (a backfill from the history, at the start, after a gap or a Redis blip) or
+    waits for a client that stopped reading; live frames wait in its backlog meanwhile."""
+
     channel: str | None = None
     job_id = ""
-    pump: asyncio.Task | None = None
+    live = False  # no task owns the sending: a frame in line is sent by deliver() itself
+    catching_up: asyncio.Task | None = None
+    resync_due = False  # the next step of the catch-up is a backfill
     state_check: asyncio.Task | None = None
     closing = False
     outcome_sent = False  # a reset told the client how the job ended
     state_stale = False  # self.operation.state may be out of date (Redis went away since)
 
-    async def connect(self):
+    async def connect(self) -> None:
         # Accept first: a close code can only reach the client on an open socket.
         await self.accept()
         try:
@@ -134,10 +142,11 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
             return
         self.job_id = str(self.operation.op_id)
         self.channel = job_channel(self.operation.domain, self.job_id)
-        self.queue: asyncio.Queue = asyncio.Queue(maxsize=gateway_settings.QUEUE_SIZE)
-        self.queue.put_nowait(_RESYNC)  # first the backfill; live events queue up behind it
+        self.backlog: collections.deque[Frame] = collections.deque()  # live frames wait from now on
         await self.hub.add(self.channel, self)  # subscribed before the history is read
-        self.pump = asyncio.create_task(self._pump())
+        if not self.closing:
+            self.resync_due = True  # first the backfill
+            self.catching_up = asyncio.create_task(self._catch_up())
 
     async def refuse(self, code: int, detail: str) -> None:
         self.closing = True
@@ -146,74 +155,134 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
 
     async def disconnect(self, code):
         self.closing = True
+        self.live = False
         if self.channel:
             await self.hub.remove(self.channel, self)
         if self.state_check and not self.state_check.done():
             self.state_check.cancel()
-        if self.pump and not self.pump.done():
-            self.pump.cancel()
-            # Wait for it: a pump left pending would outlive its socket.
-            await asyncio.wait({self.pump}, timeout=2)
+        task = self.catching_up
+        if task and not task.done():
+            task.cancel()
+            # Wait for it: a task left pending would outlive its socket.
+            await asyncio.wait({task}, timeout=2)
 
     async def receive(self, text_data=None, bytes_data=None):
         pass  # the stream is one-way; the client resumes by reconnecting with last_seq
 
     # Called by the hub, synchronously, on the event loop.
-    def deliver(self, raw: bytes, event: dict) -> None:
-        self._enqueue((raw, event))
+    def deliver(self, frame: Frame) -> None:
+        if not self.live:
+            self._hold(frame)
+        elif frame.seq <= self.last_sent:
+            pass  # already sent (a backfill got there first)
+        elif frame.prev_seq > self.last_sent:
+            # Something between is missing: the history has it.
+            self._hold(frame)
+            self._start_catching_up()
+        else:
+            self._send_now(frame)
 
     def resync(self) -> None:
         # Redis went away: the job may have ended meanwhile with its final event lost (not
         # published, or gone with Redis), so the database's word is due again.
         self.state_stale = True
-        self._enqueue(_RESYNC)
+        self._start_catching_up()
 
-    def _enqueue(self, item) -> None:
+    def _start_catching_up(self, waiting: asyncio.Future | None = None) -> None:
         if self.closing:
             return
-        try:
-            self.queue.put_nowait(item)
-        except asyncio.QueueFull:
+        self.resync_due = True
+        if self.live:
+            self.live = False
+            self.catching_up = asyncio.get_running_loop().create_task(self._catch_up(waiting))
+        # else: the running catch-up reads the history again before it goes live
+
+    def _hold(self, frame: Frame) -> None:
+        if self.closing:
+            return
+        if len(self.backlog) >= gateway_settings.QUEUE_SIZE:
             self.closing = True
-            logger.info("job socket %s fell %d frames behind: closing 4008", self.job_id, self.queue.qsize())
+            self.live = False
+            logger.info("job socket %s fell %d frames behind: closing 4008", self.job_id, len(self.backlog))
             asyncio.get_running_loop().create_task(self._close_slow())
+            return
+        self.backlog.append(frame)
+
+    def _send_now(self, frame: Frame) -> None:
+        self.last_sent = frame.seq
+        try:
+            waiting = eager.start(self._transmit(frame))
+        except ClientGone:
+            self._client_left()
+        except Exception:
+            self._failed()
+        else:
+            if waiting is not None:
+                # The client's buffer is full: the next frames wait in the backlog until it drains.
+                self.live = False
+                self.catching_up = asyncio.get_running_loop().create_task(self._catch_up(waiting))
+
+    def _transmit(self, frame: Frame):
+        """The server's send of the frame (the channels layers between add nothing to a frame)."""
+        return self.base_send(frame.message)
+
+    async def _send(self, frame: Frame) -> None:
+        self.last_sent = frame.seq
+        await self._transmit(frame)
+
+    async def _catch_up(self, waiting: asyncio.Future | None = None) -> None:
+        """Backfill while one is due, send the backlog, then go live. Runs while `live` is False."""
+        try:
+            if waiting is not None:
+                await waiting
+            while not self.closing:
+                if self.resync_due:
+                    self.resync_due = False
+                    await self._backfill_when_redis_answers()
+                    continue
+                if not self.backlog:
+                    self.live = True  # no await since the backlog was seen empty: nothing slips by
+                    return
+                frame = self.backlog.popleft()
+                if frame.seq <= self.last_sent:
+                    continue  # already sent (the backfill got there first)
+                if frame.prev_seq > self.last_sent:
+                    self.resync_due = True  # something between is missing: the history has it
+                    continue
+                await self._send(frame)
+        except asyncio.CancelledError:
+            raise
+        except ClientGone:
+            self._client_left()
+        except Exception:
+            self._failed()
+        finally:
+            if self.catching_up is asyncio.current_task():
+                self.catching_up = None
+
+    def _client_left(self) -> None:
+        # The client went away while we sent (its disconnect is on its way to us): nothing
+        # failed, and there is no socket left to close.
+        self.closing = True
+        self.live = False
+        logger.info("job socket %s: the client left mid-send", self.job_id)
+
+    def _failed(self) -> None:
+        logger.exception("job socket %s failed; closing 1011 (the client resumes with last_seq)", self.job_id)
+        self.closing = True
+        self.live = False
+        asyncio.get_running_loop().create_task(self.close(1011))
 
     async def _close_slow(self) -> None:
-        if self.pump:
-            self.pump.cancel()
+        task = self.catching_up
+        if task and task is not asyncio.current_task():
+            task.cancel()
         await self.send(
             text_data=json.dumps(
                 {"type": "error", "code": TOO_SLOW, "detail": "Too slow: reconnect with last_seq to resume."}
             )
         )
         await self.close(TOO_SLOW)
-
-    async def _pump(self) -> None:
-        try:
-            while not self.closing:
-                item = await self.queue.get()
-                if item is _RESYNC:
-                    await self._backfill_when_redis_answers()
-                    continue
-                raw, event = item
-                if event["seq"] <= self.last_sent:
-                    continue  # already sent (backfill got there first)
-                if event.get("prev_seq", 0) > self.last_sent:
-                    # Something between is missing: the history has it.
-                    await self._backfill_when_redis_answers()
-                    continue
-                await self._send_event(raw, event["seq"])
-        except asyncio.CancelledError:
-            raise
-        except ClientGone:
-            # The client went away while we sent (its disconnect is on its way to us): nothing
-            # failed, and there is no socket left to close.
-            logger.info("job socket %s: the client left mid-send", self.job_id)
-        except Exception:
-            logger.exception(
-                "job socket %s failed; closing 1011 (the client resumes with last_seq)", self.job_id
-            )
-            await self.close(1011)
 
     async def _backfill_when_redis_answers(self) -> None:
         """A Redis blip (or a lost database connection, for the job's outcome) must not cost
@@ -226,16 +295,12 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
             stop=lambda: self.closing,
         )
 
-    async def _send_event(self, raw, seq: int) -> None:
-        await self.send(text_data=raw if isinstance(raw, str) else raw.decode())
-        self.last_sent = seq
-
     async def _backfill(self) -> None:
-        backfill = await self.hub.backfill(
+        history = await self.hub.backfill(
             self.channel, self.operation.domain, self.job_id, after=self.last_sent
         )
-        entries, applied, latest = backfill.entries, backfill.applied, backfill.latest
-        if not entries or entries[0][1].get("prev_seq", 0) > self.last_sent:
+        frames, applied, latest = history.frames, history.applied, history.latest
+        if not frames or frames[0].prev_seq > self.last_sent:
             # The history does not reach back to what the client has. Either the router has
             # applied nothing newer yet (wait for it: the state KV runs ahead, written at
             # publish time), or what the client misses expired: reset it to the state.
@@ -243,11 +308,11 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
             # keys' TTL) a failover or restart lost them, and the job's run republishes them:
             # wait for it then, rather than reset a client that will get every event.
             expired = applied is None and self.last_sent > 0 and self._keys_may_have_expired()
-            if entries or expired or int(applied or 0) > self.last_sent:
+            if frames or expired or int(applied or 0) > self.last_sent:
                 await self._reset(latest) if latest is not None else await self._reset_expired()
-        for raw, event in entries:
-            if event["seq"] > self.last_sent:
-                await self._send_event(raw, event["seq"])
+        for frame in frames:
+            if frame.seq > self.last_sent:
+                await self._send(frame)
         await self._unless_ended(latest)
 
     def _keys_may_have_expired(self) -> bool:
@@ -267,13 +332,13 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
         if self.operation.state in ENDED:
             await self._reset_expired()
         elif self.state_stale and (self.state_check is None or self.state_check.done()):
-            # Off the pump: after a Redis blip every socket resyncs at once, and their frames
-            # must not queue behind one database read each.
+            # Off the catch-up: after a Redis blip every socket resyncs at once, and their
+            # frames must not wait behind one database read each.
             self.state_stale = False
             self.state_check = asyncio.create_task(self._check_state())
 
     async def _check_state(self) -> None:
-        """Read the job's state from the database again; if it ended, the pump looks again."""
+        """Read the job's state from the database again; if it ended, the socket catches up again."""
         try:
             state = await job_state(self.operation.pk)
         except Exception:
@@ -282,7 +347,7 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
             return
         if state in ENDED:
             self.operation.state = state
-            self._enqueue(_RESYNC)
+            self._start_catching_up()
 
     async def _reset(self, state: dict) -> None:
         await self.send(text_data=json.dumps({"type": "reset", "recovered": False, "state": state}))

@@ -18,6 +18,7 @@ import asyncio
 import json
 import logging
 import weakref
+from dataclasses import dataclass
 from typing import Protocol
 
 import redis.asyncio as aioredis
@@ -26,7 +27,7 @@ from redis.asyncio.client import PubSub
 from eventbus.conf import eventbus_settings
 from eventbus.durability import check_durability
 from eventbus.redis import get_redis, make_async_node_client, make_async_read_client, make_async_redis
-from eventbus.selectors import Backfill, read_backfill
+from eventbus.selectors import read_backfill
 
 from .backoff import Backoff, retrying
 from .conf import gateway_settings
@@ -40,8 +41,33 @@ REHOME_TRIES = 6
 REDIS_AWAY_OR_RACED: tuple[type[BaseException], ...] = (*REDIS_AWAY, RuntimeError)  # see add()
 
 
+class Frame:
+    """One event as every socket of its job sends it: parsed, decoded and wrapped in its ASGI
+    message once, whatever the number of sockets."""
+
+    __slots__ = ("event", "message", "prev_seq", "seq")
+
+    def __init__(self, raw: bytes | str, event: dict):
+        self.event = event
+        self.seq: int = event["seq"]
+        self.prev_seq: int = event.get("prev_seq", 0)
+        if type(self.seq) is not int or type(self.prev_seq) is not int:
+            raise TypeError("an event's seq and prev_seq are integers")
+        # One dict for every socket: servers read an ASGI message, they do not keep or change it.
+        self.message = {"type": "websocket.send", "text": raw if isinstance(raw, str) else raw.decode()}
+
+
+@dataclass(frozen=True, slots=True)
+class History:
+    """A job's backfill (eventbus.selectors.Backfill) as frames."""
+
+    frames: list[Frame]  # seq > the asker's last seq, in seq order
+    applied: int | None
+    latest: dict | None
+
+
 class Listener(Protocol):
-    def deliver(self, raw: bytes, event: dict) -> None: ...
+    def deliver(self, frame: Frame) -> None: ...
 
     def resync(self) -> None: ...
 
@@ -136,7 +162,7 @@ class _SharedRead:
 
     def __init__(self, after: int):
         self.after = after
-        self.result: asyncio.Future[Backfill] = asyncio.get_running_loop().create_future()
+        self.result: asyncio.Future[History] = asyncio.get_running_loop().create_future()
 
 
 class Hub:
@@ -182,7 +208,7 @@ class Hub:
         """Pub/sub connections (1 on a single server; on a cluster, the masters listened to)."""
         return len(self._lines)
 
-    async def backfill(self, channel: str, domain: str, job_id: str, *, after: int) -> Backfill:
+    async def backfill(self, channel: str, domain: str, job_id: str, *, after: int) -> History:
         """The job's history after seq `after` (eventbus.selectors.read_backfill), read once for
         all the job's sockets that ask before the read is sent: after a Redis blip every socket
         resyncs at once, and a job watched by five sockets costs one read, not five. A read
@@ -194,20 +220,19 @@ class Hub:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         shared.after = min(shared.after, after)
-        backfill = await asyncio.shield(shared.result)
+        history = await asyncio.shield(shared.result)
         if shared.after == after:
-            return backfill
-        return Backfill(
-            [(raw, event) for raw, event in backfill.entries if event["seq"] > after],
-            backfill.applied,
-            backfill.latest,
-        )
+            return history
+        return History([f for f in history.frames if f.seq > after], history.applied, history.latest)
 
     async def _read_shared(self, channel: str, shared: _SharedRead, domain: str, job_id: str) -> None:
         try:
             async with self._read_slots:  # while it waits for a connection, more sockets join
                 self._stop_sharing(channel, shared)  # from here on, a new ask waits for a new read
-                shared.result.set_result(await read_backfill(self._reads, domain, job_id, after=shared.after))
+                read = await read_backfill(self._reads, domain, job_id, after=shared.after)
+            shared.result.set_result(
+                History([Frame(raw, event) for raw, event in read.entries], read.applied, read.latest)
+            )
         except Exception as exc:
             self._stop_sharing(channel, shared)
             shared.result.set_exception(exc)  # each asker retries as after any failed read
@@ -304,14 +329,14 @@ class Hub:
             listeners = list(self._listeners.get(channel, ()))
             if listeners:
                 try:
-                    event = json.loads(message["data"])  # once, whatever the sockets on the channel
-                    event["seq"]
-                except (ValueError, TypeError, KeyError):
+                    # Once, whatever the sockets on the channel.
+                    frame = Frame(message["data"], json.loads(message["data"]))
+                except (ValueError, TypeError, KeyError, AttributeError):
                     # Not the router's: nobody else may stop the stream of every socket.
                     logger.warning("gateway hub: ignored a message on %s that is not an event", channel)
                     return
                 for listener in listeners:
-                    listener.deliver(message["data"], event)
+                    listener.deliver(frame)
         elif kind in ("subscribe", "ssubscribe") and channel in self._confirmed:
             self._confirmed[channel].set()
         elif kind == "sunsubscribe" and channel in line.channels:

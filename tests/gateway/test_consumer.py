@@ -188,17 +188,17 @@ async def test_a_young_job_whose_keys_were_lost_waits_for_their_republish_not_a_
 async def test_a_slow_client_is_closed_4008_and_resumes_losing_nothing(job, cookie, settings, monkeypatch):
     settings.GATEWAY = {"QUEUE_SIZE": 2}
     release = asyncio.Event()
-    original = consumers.JobStreamConsumer._send_event
+    original = consumers.JobStreamConsumer._transmit
 
-    async def stalled_send(self, raw, seq):
-        await release.wait()  # the client stops reading
-        await original(self, raw, seq)
+    async def stalled_send(self, frame):
+        await release.wait()  # the client stops reading: the server's send waits for its buffer
+        await original(self, frame)
 
-    monkeypatch.setattr(consumers.JobStreamConsumer, "_send_event", stalled_send)
+    monkeypatch.setattr(consumers.JobStreamConsumer, "_transmit", stalled_send)
     socket = await open_socket(f"/ws/jobs/{job.op_id}/", cookie, subscribed_to=job)
     await publish_and_route(job, SCAN)
     await closed_with(socket, 4008)
-    monkeypatch.setattr(consumers.JobStreamConsumer, "_send_event", original)
+    monkeypatch.setattr(consumers.JobStreamConsumer, "_transmit", original)
     again = await open_socket(f"/ws/jobs/{job.op_id}/?last_seq=0", cookie)
     assert [f["seq"] for f in await frames_until(again, 51)] == SCAN
 
