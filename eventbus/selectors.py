@@ -39,16 +39,27 @@ def job_channel(domain: str, job_id: str) -> str:
     return JobKeys(domain, job_id).channel
 
 
-async def read_backfill(client, domain: str, job_id: str, *, after: int) -> Backfill:
-    """The job's history after seq `after`, its applied seq and its latest event (async client)."""
-    keys = JobKeys(domain, job_id)
+async def read_backfills(client, asks: list[tuple[str, str, int]]) -> list[Backfill | ValueError]:
+    """Each job's history after seq `after`, its applied seq and its latest event, for many
+    jobs, (domain, job_id, after) each, in one pipelined round trip (on a cluster, one per
+    master; async client): after a Redis blip a gateway resyncs every job it streams.
+    A job whose keys hold what is not JSON gets its ValueError, the others their Backfill."""
     async with client.pipeline(transaction=False) as pipe:
-        pipe.zrangebyscore(keys.history, f"({after}", "+inf")
-        pipe.get(keys.applied)
-        pipe.get(keys.state)
-        raws, applied, state = await pipe.execute()
-    return Backfill(
-        [(raw, json.loads(raw)) for raw in raws],
-        None if applied is None else int(applied),
-        json.loads(state) if state is not None else None,
-    )
+        for domain, job_id, after in asks:
+            keys = JobKeys(domain, job_id)
+            pipe.zrangebyscore(keys.history, f"({after}", "+inf")
+            pipe.get(keys.applied)
+            pipe.get(keys.state)
+        replies = await pipe.execute()
+    return [_backfill(*reply) for reply in zip(replies[0::3], replies[1::3], replies[2::3])]
+
+
+def _backfill(raws, applied, state) -> Backfill | ValueError:
+    try:
+        return Backfill(
+            [(raw, json.loads(raw)) for raw in raws],
+            None if applied is None else int(applied),
+            json.loads(state) if state is not None else None,
+        )
+    except ValueError as exc:
+        return exc

@@ -27,7 +27,7 @@ from redis.asyncio.client import PubSub
 from eventbus.conf import eventbus_settings
 from eventbus.durability import check_durability
 from eventbus.redis import get_redis, make_async_node_client, make_async_read_client, make_async_redis
-from eventbus.selectors import read_backfill
+from eventbus.selectors import Backfill, read_backfills
 
 from .backoff import Backoff, retrying
 from .conf import gateway_settings
@@ -38,6 +38,7 @@ REDIS_AWAY: tuple[type[BaseException], ...] = (aioredis.ConnectionError, aioredi
 # Reads of the slot map before one that names a node that is no master is believed anyway
 # (about 1.5 s with the backoff).
 REHOME_TRIES = 6
+READ_BATCH = 100  # jobs' history reads pipelined in one round trip
 REDIS_AWAY_OR_RACED: tuple[type[BaseException], ...] = (*REDIS_AWAY, RuntimeError)  # see add()
 
 
@@ -156,13 +157,26 @@ class _Line:
 
 
 class _SharedRead:
-    """A history read and the lowest seq its askers have."""
+    """A history read asked for and not yet sent, and the lowest seq its askers have."""
 
-    __slots__ = ("after", "result")
+    __slots__ = ("after", "domain", "job_id", "result")
 
-    def __init__(self, after: int):
-        self.after = after
+    def __init__(self, domain: str, job_id: str, after: int):
+        self.domain, self.job_id, self.after = domain, job_id, after
         self.result: asyncio.Future[History] = asyncio.get_running_loop().create_future()
+
+    def settle(self, read: Backfill | BaseException) -> None:
+        if self.result.done():
+            return
+        try:
+            if isinstance(read, BaseException):
+                raise read
+            self.result.set_result(
+                History([Frame(raw, event) for raw, event in read.entries], read.applied, read.latest)
+            )
+        except Exception as exc:  # this job's history only: each asker fails as after a failed read
+            self.result.set_exception(exc)
+            self.result.exception()  # retrieved here: its askers may all have left
 
 
 class Hub:
@@ -182,7 +196,7 @@ class Hub:
         self._tasks: set[asyncio.Task] = set()  # channels following their slot to a new master
         # History reads not yet sent, by channel: the sockets of a job that ask meanwhile share one.
         self._reads_waiting: dict[str, _SharedRead] = {}
-        self._read_slots = asyncio.Semaphore(gateway_settings.READ_CONNECTIONS)
+        self._readers = 0  # tasks sending them, one connection each at most
 
     async def check_durability(self) -> None:
         """The bus's Redis checked once per process, at the first socket (eventbus.durability):
@@ -209,42 +223,50 @@ class Hub:
         return len(self._lines)
 
     async def backfill(self, channel: str, domain: str, job_id: str, *, after: int) -> History:
-        """The job's history after seq `after` (eventbus.selectors.read_backfill), read once for
-        all the job's sockets that ask before the read is sent: after a Redis blip every socket
-        resyncs at once, and a job watched by five sockets costs one read, not five. A read
-        joins only one not yet sent, so it never misses an event published before it asked."""
+        """The job's history after seq `after` (eventbus.selectors), read once for all the job's
+        sockets that ask before the read is sent, and sent with up to READ_BATCH other jobs'
+        reads in one round trip: after a Redis blip every socket of the process resyncs at once,
+        and 5,000 sockets on 1,000 jobs cost ten round trips, not 5,000. A read joins only one
+        not yet sent, so it never misses an event published before it asked."""
         shared = self._reads_waiting.get(channel)
         if shared is None:
-            shared = self._reads_waiting[channel] = _SharedRead(after)
-            task = asyncio.get_running_loop().create_task(self._read_shared(channel, shared, domain, job_id))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            shared = self._reads_waiting[channel] = _SharedRead(domain, job_id, after)
+            if self._readers < gateway_settings.READ_CONNECTIONS:
+                self._readers += 1
+                task = asyncio.get_running_loop().create_task(self._send_reads())
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
         shared.after = min(shared.after, after)
         history = await asyncio.shield(shared.result)
         if shared.after == after:
             return history
         return History([f for f in history.frames if f.seq > after], history.applied, history.latest)
 
-    async def _read_shared(self, channel: str, shared: _SharedRead, domain: str, job_id: str) -> None:
+    async def _send_reads(self) -> None:
+        """Send the reads waiting, READ_BATCH a round trip, until none wait (one of at most
+        READ_CONNECTIONS such tasks, each on a connection of its own)."""
+        batch: list[_SharedRead] = []
         try:
-            async with self._read_slots:  # while it waits for a connection, more sockets join
-                self._stop_sharing(channel, shared)  # from here on, a new ask waits for a new read
-                read = await read_backfill(self._reads, domain, job_id, after=shared.after)
-            shared.result.set_result(
-                History([Frame(raw, event) for raw, event in read.entries], read.applied, read.latest)
-            )
-        except Exception as exc:
-            self._stop_sharing(channel, shared)
-            shared.result.set_exception(exc)  # each asker retries as after any failed read
+            while self._reads_waiting:
+                # Taken: from here on, a new ask for one of these jobs waits for a new read.
+                batch = [self._reads_waiting.pop(next(iter(self._reads_waiting)))]
+                while self._reads_waiting and len(batch) < READ_BATCH:
+                    batch.append(self._reads_waiting.pop(next(iter(self._reads_waiting))))
+                try:
+                    reads = await read_backfills(self._reads, [(r.domain, r.job_id, r.after) for r in batch])
+                except Exception as exc:
+                    for shared in batch:
+                        shared.settle(exc)  # each asker retries as after any failed read
+                    continue
+                for shared, read in zip(batch, reads):
+                    shared.settle(read)
         except asyncio.CancelledError:
-            self._stop_sharing(channel, shared)
             # Not the askers' own cancellation: they retry, as after a lost connection.
-            shared.result.set_exception(aioredis.ConnectionError("the gateway hub is closing"))
+            for shared in batch:
+                shared.settle(aioredis.ConnectionError("the gateway hub is closing"))
             raise
-
-    def _stop_sharing(self, channel: str, shared: _SharedRead) -> None:
-        if self._reads_waiting.get(channel) is shared:
-            del self._reads_waiting[channel]
+        finally:
+            self._readers -= 1
 
     async def add(self, channel: str, listener: Listener) -> None:
         """Register `listener`; returns once the channel's subscription is live, so a read

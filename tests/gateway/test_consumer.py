@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from eventbus.keys import JobKeys
 from gateway import consumers
-from gateway.hub import close_hub, get_hub
+from gateway.hub import Frame, close_hub, get_hub
 from idempotency.models import Operation
 
 from .conftest import open_socket, publish_and_route
@@ -273,6 +273,43 @@ async def test_the_sockets_of_a_job_resync_from_one_history_read(job, cookie, re
     assert redis_client.info("commandstats")["cmdstat_zrangebyscore"]["calls"] - reads == 1
 
 
+async def test_the_jobs_of_a_process_resync_in_one_round_trip_and_a_bad_history_fails_alone(
+    job, user, cookie, redis_client, monkeypatch
+):
+    """After a blip the history reads of every job wait to be sent together (up to READ_BATCH a
+    round trip); a job whose history holds what is not JSON fails only its own sockets (1011)."""
+    from gateway import hub as hub_module
+
+    jobs = [job] + [
+        await sync_to_async(Operation.objects.create)(
+            scope="-:1", idem_key=f"ws-job-{i}", domain="scan", event_type="job.requested", owner=user
+        )
+        for i in range(3)
+    ]
+    sockets = [await open_socket(f"/ws/jobs/{j.op_id}/", cookie, subscribed_to=j) for j in jobs]
+    for j in jobs[:3]:
+        await publish_and_route(j, SCAN[:1])
+    for socket in sockets[:3]:
+        assert [f["seq"] for f in await frames_until(socket, 10)] == [10]
+    redis_client.zadd(JobKeys("scan", str(jobs[3].op_id)).history, {b"not json": 5})
+    batches = []
+    original = hub_module.read_backfills
+
+    async def recorded(client, asks):
+        batches.append(len(asks))
+        return await original(client, asks)
+
+    monkeypatch.setattr(hub_module, "read_backfills", recorded)
+    assert redis_client.client_kill_filter(_type="pubsub") == 1
+    assert await sockets[3].receive_output(timeout=10) == {"type": "websocket.close", "code": 1011}
+    for j in jobs[:3]:
+        await publish_and_route(j, SCAN[1:2])
+    for socket in sockets[:3]:
+        assert [f["seq"] for f in await frames_until(socket, 11, timeout=20)] == [11]
+        assert await socket.receive_nothing(timeout=0.2)
+    assert batches[0] == 4  # the four jobs' reads in one round trip
+
+
 async def test_a_foreign_message_on_the_channel_stops_nothing(job, cookie, redis_client):
     socket = await open_socket(f"/ws/jobs/{job.op_id}/", cookie, subscribed_to=job)
     channel = JobKeys("scan", str(job.op_id)).channel
@@ -399,3 +436,23 @@ async def test_a_job_that_ended_while_redis_was_away_gives_its_outcome_on_resync
     assert json.loads(await socket.receive_from(timeout=10)) == outcome(job, "FAILED", 12)
     assert await socket.receive_nothing(timeout=0.3)
     assert get_hub().reconnections == 1
+
+
+async def test_frames_go_to_the_servers_own_send_past_channels_session_wrapper(settings):
+    """The session wrapper saves a session on HTTP responses only: frames skip it (it read the
+    session twice per frame), and reach the send the server gave."""
+    from channels.sessions import InstanceSessionWrapper
+
+    sent = []
+
+    async def server_send(message):
+        sent.append(message)
+
+    outer = InstanceSessionWrapper({"cookies": {}}, server_send)
+    inner = InstanceSessionWrapper(outer.scope, outer.send)  # stacked: the outer one is active
+    consumer = consumers.JobStreamConsumer()
+    consumer.base_send = inner.send
+    assert consumer.server_send is server_send
+    frame = Frame(b'{"type":"event","seq":1}', {"type": "event", "seq": 1})
+    await consumer._transmit(frame)
+    assert sent == [{"type": "websocket.send", "text": '{"type":"event","seq":1}'}]
