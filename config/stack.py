@@ -33,7 +33,7 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 def main() -> int:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.dev")
     env = dict(os.environ)
-    # The Procfile's commands (daphne, celery) live next to this interpreter.
+    # The Procfile's commands (uvicorn, celery) live next to this interpreter.
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env.setdefault("WEB_PORT", "8000")
     run_dir = Path(os.environ.get("RUN_DIR") or BASE_DIR / ".run")

@@ -1,4 +1,4 @@
-"""Real processes for tests: the project's commands, a Celery worker and daphne, each in a
+"""Real processes for tests: the project's commands, a Celery worker and the web server, each in a
 session of its own with its output in a file, pointed at this run's Redis and test database."""
 
 from __future__ import annotations
@@ -170,20 +170,19 @@ class Worker(Process):
         return child_pids(self.pid)
 
 
-class Daphne(Process):
-    """daphne serving config.asgi on 127.0.0.1:<port>."""
+class Web(Process):
+    """The gateway's server serving config.asgi on 127.0.0.1:<port>, as the Procfile runs it
+    (uvicorn, websockets-sansio)."""
 
-    ready_text = "Listening on TCP address"
+    ready_text = "Uvicorn running on"
 
     def __init__(self, port: int, **env: str):
         super().__init__(
-            str(BIN / "daphne"),
-            "-b",
-            "127.0.0.1",
-            "-p",
-            str(port),
+            str(BIN / "uvicorn"),
             "config.asgi:application",
-            name="daphne",
+            *("--host", "127.0.0.1", "--port", str(port)),
+            *("--ws", "websockets-sansio", "--lifespan", "off"),
+            name="web",
             **env,
         )
         self.url = f"http://127.0.0.1:{port}"

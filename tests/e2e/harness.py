@@ -7,7 +7,7 @@ refutes) exactly-once from the HTTP request to the browser.
     assert result.ok
 
 Stack: a private Redis (or a 3-master Redis Cluster for the event bus plus a plain private Redis
-for Celery's broker and the cache, or a Sentinel-managed master and replica), 2 daphnes,
+for Celery's broker and the cache, or a Sentinel-managed master and replica), 2 web servers,
 2 Celery workers, 2 routers, 1 reclaimer with a short
 --min-idle-ms, the sweeper; all against the database Django is configured with in this process
 (the test database under pytest, a private one under `python -m tests.e2e.chaos`).
@@ -28,7 +28,7 @@ broker, the cache and (unless clustered) the bus on it; the workers' network to 
 proxy of the harness's, tests/e2e/proxy.py) stalled for seconds, then every connection reset.
 With `sentinel`, everything Redis is a Sentinel-managed master and its replica, and a SENTINEL
 FAILOVER happens under load; on the cluster, each master has a replica and a CLUSTER FAILOVER of
-a master happens under load (the gateway hub follows its channels to the new master). On PostgreSQL, a daphne's session is killed mid-request
+a master happens under load (the gateway hub follows its channels to the new master). On PostgreSQL, a web server's session is killed mid-request
 (pg_terminate_backend) with every session of the workers and the sweeper: the client gets a 503
 and retries it.
 
@@ -61,7 +61,7 @@ import redis
 
 from config.redis_server import RedisClusterServers, RedisServer, free_port
 from eventbus.sentinel import parse_sentinel_url
-from tests.processes import Daphne, Manage, Process, Worker, alive, child_pids, restart, wait_for
+from tests.processes import Manage, Process, Web, Worker, alive, child_pids, restart, wait_for
 from tests.sentinels import SentinelGroup
 
 from .proxy import StallingProxy
@@ -69,7 +69,7 @@ from .proxy import StallingProxy
 log = logging.getLogger("chaos")
 
 FINAL_SEQ = 51
-WEB_APP = "chaos-web"  # the application_name of the daphnes' PostgreSQL sessions
+WEB_APP = "chaos-web"  # the application_name of the web servers' PostgreSQL sessions
 UUID_RE = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 
 
@@ -89,7 +89,7 @@ class ChaosConfig:
     router_kill_every: tuple[float, float] = (3.0, 6.0)
     worker_kills: int = 2  # a whole worker SIGKILLed mid-job, then restarted
     pool_kills: int = 1  # a worker's pool processes SIGKILLed mid-job
-    daphne_kills: int = 1  # one of the two daphnes SIGKILLed mid-stream, then restarted
+    daphne_kills: int = 1  # one of the two web servers SIGKILLed mid-stream, then restarted
     redis_restarts: int = 1  # the plain Redis SIGKILLed and started again from its AOF (plain runs)
     network_stalls: int = 1  # the workers' link to Redis stalled, then reset (plain runs)
     sentinel: bool = False  # Redis as a Sentinel-managed master and its replica (3 sentinels)
@@ -248,12 +248,12 @@ class Stack:
             "CELERY_VISIBILITY_TIMEOUT": str(config.visibility_timeout),
             "LOG_LEVEL": "INFO",
         }
-        # Two daphnes: clients pick one at random for each request and connection, so the
+        # Two web servers: clients pick one at random for each request and connection, so the
         # watchers of a killed one resume on the other.
         self.ports = [free_port(), free_port()]
         self.port = self.ports[0]
         # Each kind of process names its PostgreSQL sessions (libpq's PGAPPNAME), for the faults.
-        self.webs = [Daphne(port, **self.env, PGAPPNAME=WEB_APP) for port in self.ports]
+        self.webs = [Web(port, **self.env, PGAPPNAME=WEB_APP) for port in self.ports]
         # The workers reach Redis through the harness's proxy when the network is to stall.
         worker_env = dict(self.env)
         if workers_redis:
@@ -296,7 +296,7 @@ class Stack:
         return router
 
     @property
-    def web(self) -> Daphne:
+    def web(self) -> Web:
         return self.webs[0]
 
     def web_logs(self) -> str:
@@ -315,7 +315,7 @@ class Stack:
         self.routers = [self._new_router(f"chaos-router-{slot}") for slot in (0, 1)]
         for process in (*self.routers, self.reclaimer, self.sweeper):
             process.start()
-        # The workers and daphne take seconds each to import everything: in parallel.
+        # The workers and the web servers take seconds each to import everything: in parallel.
         errors: list[BaseException] = []
 
         def start(process):
@@ -375,7 +375,7 @@ class Stack:
         self.worker_log_start[worker.name] = len(worker.log())
         restart(worker, timeout=60)
 
-    def kill_web(self, web: Daphne, pause: float) -> None:
+    def kill_web(self, web: Web, pause: float) -> None:
         web.kill()
         time.sleep(pause)
         restart(web, timeout=60)
@@ -487,7 +487,7 @@ class Answer:
     sent_at: float
     at: float
     # Of the transport errors, those after the request went out (the connection dropped with no
-    # answer, as when daphne dies mid-request), and the 503s of a lost database connection: the
+    # answer, as when a web server dies mid-request), and the 503s of a lost database connection: the
     # server may have run it and stored its answer.
     answers_lost: int = 0
     database_unavailable: int = 0  # 503 answers retried (the database connection was lost)
@@ -605,7 +605,7 @@ class Run:
 
         if config.backend_kills and connection.vendor == "postgresql":
             self.faults["backend_kills"] = []
-        self.open_sockets: dict[int, int] = {}  # daphne port -> watchers connected to it now
+        self.open_sockets: dict[int, int] = {}  # web server port -> watchers connected to it now
         self.metrics: dict[int, dict] = {}  # id(process) -> last scraped samples
         self.timings: dict[str, float] = {}
         self.prefix = f"chaos{uuid.uuid4().hex[:6]}"
@@ -927,7 +927,7 @@ class Run:
         self.say(f"CLIENT KILL TYPE {kind}: {killed} connection(s)")
 
     async def kill_daphne(self, at: float) -> None:
-        """SIGKILL the first daphne once watchers are connected to it (bounded wait), restart it."""
+        """SIGKILL the first web server once watchers are connected to it (bounded wait), restart it."""
         await asyncio.sleep(at)
         web = self.stack.webs[0]
         deadline = time.monotonic() + 20
@@ -936,7 +936,7 @@ class Run:
         cut = self.open_sockets.get(web_port, 0)
         await asyncio.to_thread(self.stack.kill_web, web, self.rng.uniform(0.5, 1.5))
         self.faults["daphne_kills"].append({"sockets_cut": cut})
-        self.say(f"SIGKILL daphne :{web_port} with {cut} socket(s) open; started again")
+        self.say(f"SIGKILL web server :{web_port} with {cut} socket(s) open; started again")
 
     async def stall_network(self, at: float) -> None:
         """The workers' link to Redis holds every byte for 1.5-3 s, then resets every connection."""
@@ -1195,7 +1195,7 @@ class Run:
         return details
 
     def web_metrics(self) -> dict:
-        """idempotency_requests_total by outcome, added up over both daphnes (a killed daphne's
+        """idempotency_requests_total by outcome, added up over both web servers (a killed web server's
         counts before its kill are gone: lower bounds then)."""
         from prometheus_client.parser import text_string_to_metric_families
 
@@ -1214,7 +1214,7 @@ class Run:
 
 
 def terminate_backends(timeout: float) -> dict[str, int]:
-    """Wait (bounded) until a daphne's PostgreSQL session is mid-request, then pg_terminate_backend
+    """Wait (bounded) until a web server's PostgreSQL session is mid-request, then pg_terminate_backend
     it with every session of the other processes of the stack (workers mid-task, the sweeper):
     what a failover or a restart does to them. Returns how many sessions were ended, by kind."""
     from django.db import connection
@@ -1224,7 +1224,7 @@ def terminate_backends(timeout: float) -> dict[str, int]:
         with connection.cursor() as cursor:
             deadline = time.monotonic() + timeout
             while not killed.get("web_mid_request") and time.monotonic() < deadline:
-                # Django closes a request's connection at its end (CONN_MAX_AGE 0): a daphne
+                # Django closes a request's connection at its end (CONN_MAX_AGE 0): a web server
                 # session that exists belongs to a request (or a socket's query) in progress.
                 # One statement, so the request cannot end between seeing and killing it
                 # (a session gone meanwhile reports false: try again).
@@ -1308,7 +1308,7 @@ class Checker:
             replayed += sum(a.replayed for a in job.answers)
             firsts = [a for a in job.answers if not a.replayed]
             lost = sum(a.answers_lost for a in job.answers)
-            # The first answer may have been lost on its way (daphne died after the view ran and
+            # The first answer may have been lost on its way (a web server died after the view ran and
             # stored it): then every answer the client got is a replay of it. Still one execution:
             # check_operations and check_executions count those.
             if len(firsts) != 1 and not (not firsts and lost):
@@ -1550,9 +1550,9 @@ class Checker:
         if faults.get("network_stalls") and not any(s["connections_reset"] for s in faults["network_stalls"]):
             self.fail("network_stalls: no worker connection went through the proxy")
         if faults.get("backend_kills") and not any(k.get("web_mid_request") for k in faults["backend_kills"]):
-            self.fail("backend_kills: no daphne session was caught mid-request")
+            self.fail("backend_kills: no web server session was caught mid-request")
         if faults["daphne_kills"] and not any(kill["sockets_cut"] for kill in faults["daphne_kills"]):
-            self.fail("daphne_kills: no socket was open on the daphne killed")
+            self.fail("daphne_kills: no socket was open on the web server killed")
         if faults["client_kill_pubsub"] and "gateway hub reconnected to Redis" not in stack.web_logs():
             self.fail("CLIENT KILL TYPE pubsub missed the gateway hub (it never reconnected)")
         self.figures["kills_survived"] = {

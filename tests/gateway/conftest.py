@@ -101,7 +101,7 @@ def _publish_and_route(job, seqs):
 publish_and_route = sync_to_async(_publish_and_route, thread_sensitive=False)
 
 
-# For the browser tests (test_page.py, test_jobstream.py): Debian's chromium and a live daphne.
+# For the browser tests (test_page.py, test_jobstream.py): Debian's chromium and a live web server.
 
 CHROMIUM = "/usr/bin/chromium"
 
@@ -124,10 +124,10 @@ def browser():
 
 @pytest.fixture
 def web(redis_client):
-    """daphne on a free port (a test may stop it and start it again on the same port)."""
+    """The web server on a free port (a test may stop it and start it again on the same port)."""
     from config.redis_server import free_port
-    from tests.processes import Daphne
+    from tests.processes import Web
 
-    web = Daphne(free_port()).start()
+    web = Web(free_port()).start()
     yield web
     web.stop()

@@ -1,5 +1,5 @@
 """gateway/static/gateway/jobstream.js, the reusable client of the job stream, in a real headless
-Chromium against a live daphne, Celery worker and router. The client is loaded alone (from the
+Chromium against a live web server, Celery worker and router. The client is loaded alone (from the
 static files, on a page without app.js) and driven the way a user's own front end would.
 
 Each test watches what the client hands the app (onEvent, onReset, onError, onStatus) and, with
@@ -244,7 +244,7 @@ def test_the_client_reconnects_with_backoff_while_the_server_is_away_and_resumes
     page.wait_for_function("window.__record('job').events.length >= 1", timeout=20_000)
     wait_status(page, "idle", "open")
 
-    # Outage 1: daphne stops (every socket closes) and stays away for three reconnects.
+    # Outage 1: the web server stops (every socket closes) and stays away for three reconnects.
     web.stop()
     page.wait_for_function(
         "window.__record('idle').statuses.filter(s => 'delay' in s.info).length >= 3", timeout=15_000
@@ -319,7 +319,7 @@ def test_a_reset_frame_reaches_on_reset_and_moves_last_seq(walker, stack, browse
     assert sockets.last_seqs() == [0, 20, 20]
 
 
-# A faulty network in front of the real gateway (Playwright relays the page's socket to daphne):
+# A faulty network in front of the real gateway (Playwright relays the page's socket to the web server):
 # the client's own safety nets, which the gateway itself never makes use of.
 
 

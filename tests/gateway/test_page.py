@@ -1,6 +1,6 @@
-"""The page in a real headless Chromium against a live daphne, Celery worker and router:
+"""The page in a real headless Chromium against a live web server, Celery worker and router:
 log in, start a job, see the replay, watch the bar follow every event's `progress` to 100 %,
-survive the server closing every socket (daphne restarted mid-job), and never show an event
+survive the server closing every socket (the web server restarted mid-job), and never show an event
 twice. Also: chat's answer streams in chunk by chunk from the page's default payload, and the
 login page and the favicon are served and styled like the page."""
 
