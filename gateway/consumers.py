@@ -43,7 +43,7 @@ from idempotency.models import Operation
 from . import eager
 from .backoff import retrying
 from .conf import gateway_settings
-from .hub import Frame, get_hub
+from .hub import Frame, History, get_hub
 from .selectors import visible_operations
 from .servers import ClientGone
 from .states import job_state
@@ -104,11 +104,12 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
     waits for a client that stopped reading; live frames wait in its backlog meanwhile."""
 
     channel: str | None = None
-    job_id = ""
+    job_id = domain = ""
+    last_sent = 0
     live = False  # no task owns the sending: a frame in line is sent by deliver() itself
     catching_up: asyncio.Task | None = None
     resync_due = False  # the next step of the catch-up is a backfill
-    state_check: asyncio.Task | None = None
+    state_check: asyncio.Future | None = None  # the job's state, read again (gateway.states)
     closing = False
     outcome_sent = False  # a reset told the client how the job ended
     state_stale = False  # self.operation.state may be out of date (Redis went away since)
@@ -142,8 +143,8 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
         except ImproperlyConfigured:
             await self.refuse(1011, "The server's event store is not safe to stream from; see its log.")
             return
-        self.job_id = str(self.operation.op_id)
-        self.channel = job_channel(self.operation.domain, self.job_id)
+        self.job_id, self.domain = str(self.operation.op_id), self.operation.domain
+        self.channel = job_channel(self.domain, self.job_id)
         self.backlog: collections.deque[Frame] = collections.deque()  # live frames wait from now on
         await self.hub.add(self.channel, self)  # subscribed before the history is read
         if not self.closing:
@@ -161,7 +162,7 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
         if self.channel:
             await self.hub.remove(self.channel, self)
         if self.state_check and not self.state_check.done():
-            self.state_check.cancel()
+            self.state_check.remove_done_callback(self._state_read)  # shared: not cancelled
         task = self.catching_up
         if task and not task.done():
             task.cancel()
@@ -308,57 +309,80 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
         )
 
     async def _backfill(self) -> None:
-        history = await self.hub.backfill(
-            self.channel, self.operation.domain, self.job_id, after=self.last_sent
-        )
-        frames, applied, latest = history.frames, history.applied, history.latest
-        if not frames or frames[0].prev_seq > self.last_sent:
-            # The history does not reach back to what the client has. Either the router has
-            # applied nothing newer yet (wait for it: the state KV runs ahead, written at
-            # publish time), or what the client misses expired: reset it to the state.
-            # The client saw events the router forgot: they expired, or (a job younger than the
-            # keys' TTL) a failover or restart lost them, and the job's run republishes them:
-            # wait for it then, rather than reset a client that will get every event.
-            expired = applied is None and self.last_sent > 0 and self._keys_may_have_expired()
-            if frames or expired or int(applied or 0) > self.last_sent:
-                await self._reset(latest) if latest is not None else await self._reset_expired()
+        history = await self.hub.backfill(self.channel, self.domain, self.job_id, after=self.last_sent)
+        frames, latest = history.frames, history.latest
+        if self._reset_due(history):
+            await self._reset(latest) if latest is not None else await self._reset_expired()
         for frame in frames:
             if frame.seq > self.last_sent:
                 await self._send(frame)
-        await self._unless_ended(latest)
+        if self._outcome_due(latest):
+            await self._reset_expired()
+
+    def resynced(self, history: History) -> None:
+        """After a Redis blip the hub read the job's history once for every live socket of the
+        job: send what follows this socket's last seq as if it came live, when that is all it
+        needs (the common case, and no task of its own); a reset or the job's outcome due is
+        left to a catch-up of its own."""
+        self.state_stale = True
+        if not self.live or self._reset_due(history) or self.operation.state in ENDED:
+            self._start_catching_up()
+            return
+        for frame in history.frames:
+            self.deliver(frame)  # sent, dropped as sent already, or held behind a catch-up
+        if self.live:
+            self._outcome_due(history.latest)
+
+    def _reset_due(self, history: History) -> bool:
+        """The history does not reach back to what the client has, and the client is to be reset
+        to the job's state. Either the router has applied nothing newer yet (wait for it: the
+        state KV runs ahead, written at publish time), or what the client misses expired: reset
+        it. The client saw events the router forgot: they expired, or (a job younger than the
+        keys' TTL) a failover or restart lost them, and the job's run republishes them: wait for
+        it then, rather than reset a client that will get every event."""
+        first = next((f for f in history.frames if f.seq > self.last_sent), None)
+        if first is not None and first.prev_seq <= self.last_sent:
+            return False  # the history goes on from the client's last seq
+        applied = history.applied
+        expired = applied is None and self.last_sent > 0 and self._keys_may_have_expired()
+        return first is not None or expired or int(applied or 0) > self.last_sent
 
     def _keys_may_have_expired(self) -> bool:
         ttl = min(eventbus_settings.STATE_TTL, eventbus_settings.HISTORY_TTL)
         return timezone.now() - self.operation.accepted_at >= timedelta(seconds=ttl)
 
-    async def _unless_ended(self, latest: dict | None) -> None:
+    def _outcome_due(self, latest: dict | None) -> bool:
         """The client now waits for the job's next event: unless none will come. That is when
         the job ended (the database says so), no newer event is on its way (the state KV,
         written as each event is published, holds none the client lacks), and the client has
         no final event: Redis lost it or it was never published (the job failed with Redis
-        down, its keys expired...). Then the client gets the outcome from the database."""
+        down, its keys expired...). Then the client is due the outcome from the database (True).
+        After a blip the job's state is read again first, off the sending (a state check)."""
         if self.outcome_sent:
-            return
+            return False
         if latest is not None and (int(latest.get("seq", 0)) > self.last_sent or is_final(latest)):
-            return  # on its way (the router has it), or the client has the end already
+            return False  # on its way (the router has it), or the client has the end already
         if self.operation.state in ENDED:
-            await self._reset_expired()
-        elif self.state_stale and (self.state_check is None or self.state_check.done()):
+            return True
+        if self.state_stale and (self.state_check is None or self.state_check.done()):
             # Off the catch-up: after a Redis blip every socket resyncs at once, and their
             # frames must not wait behind one database read each.
             self.state_stale = False
-            self.state_check = asyncio.create_task(self._check_state())
+            self.state_check = job_state(self.operation.pk)
+            self.state_check.add_done_callback(self._state_read)
+        return False
 
-    async def _check_state(self) -> None:
-        """Read the job's state from the database again; if it ended, the socket catches up again."""
-        try:
-            state = await job_state(self.operation.pk)
-        except Exception:
-            logger.warning("job socket %s: could not read the job's state", self.job_id, exc_info=True)
+    def _state_read(self, state: asyncio.Future) -> None:
+        """The job's state, read from the database again after a blip: if it ended, the socket
+        catches up again (and gets the outcome unless an event brings it)."""
+        if self.closing:
+            return
+        if state.cancelled() or state.exception() is not None:
+            logger.warning("job socket %s: could not read the job's state (%r)", self.job_id, state)
             self.state_stale = True  # the next resync tries again
             return
-        if state in ENDED:
-            self.operation.state = state
+        if state.result() in ENDED:
+            self.operation.state = state.result()
             self._start_catching_up()
 
     async def _reset(self, state: dict) -> None:

@@ -68,9 +68,18 @@ class History:
 
 
 class Listener(Protocol):
+    domain: str
+    job_id: str
+    last_sent: int  # the seq of the last event it sent
+    live: bool  # True: it sends what it is handed at once; False: it catches up on its own
+
     def deliver(self, frame: Frame) -> None: ...
 
-    def resync(self) -> None: ...
+    def resync(self) -> None:
+        """Catch up from the history on its own (it reads it, with retries)."""
+
+    def resynced(self, history: History) -> None:
+        """The job's history after the lowest last seq of the job's live listeners."""
 
 
 class _TrackedPubSub(PubSub):
@@ -340,9 +349,39 @@ class Hub:
         self._resync(line.channels)
 
     def _resync(self, channels) -> None:
+        """What was published while a line was away is in the history: each job's live
+        listeners share one read of it (itself batched with other jobs'), and a listener that
+        is catching up reads it again on its own."""
+        loop = asyncio.get_running_loop()
         for channel in list(channels):
+            live = []
             for listener in list(self._listeners.get(channel, ())):
+                if listener.live:
+                    live.append(listener)
+                else:
+                    listener.resync()
+            if live:
+                task = loop.create_task(self._resync_live(channel, live))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+    async def _resync_live(self, channel: str, listeners: list[Listener]) -> None:
+        first = listeners[0]
+        try:
+            history = await self.backfill(
+                channel, first.domain, first.job_id, after=min(listener.last_sent for listener in listeners)
+            )
+        except Exception as exc:
+            # Redis away again, or a history that cannot be read: each listener tries on its own
+            # (with retries, or its failure).
+            logger.info(
+                "gateway hub: the history of %s unread (%r); its sockets resync on their own", channel, exc
+            )
+            for listener in listeners:
                 listener.resync()
+            return
+        for listener in listeners:
+            listener.resynced(history)
 
     def _on_message(self, line: _Line, message: dict) -> None:
         channel = message["channel"].decode()

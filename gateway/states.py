@@ -31,14 +31,15 @@ class StateReader:
         self._wanted: dict[object, asyncio.Future] = {}
         self._reader: asyncio.Task | None = None
 
-    async def state(self, pk) -> str | None:
-        """The job's state (None: no such job any more)."""
+    def state(self, pk) -> asyncio.Future:
+        """A future of the job's state (None: no such job any more), shared by whoever asks
+        before the next query is sent: add a done callback to it, never cancel it."""
         future = self._wanted.get(pk)
         if future is None:
             future = self._wanted[pk] = asyncio.get_running_loop().create_future()
             if self._reader is None or self._reader.done():
                 self._reader = asyncio.get_running_loop().create_task(self._read())
-        return await asyncio.shield(future)
+        return future
 
     async def _read(self) -> None:
         while self._wanted:
@@ -57,8 +58,10 @@ class StateReader:
 _readers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, StateReader] = weakref.WeakKeyDictionary()
 
 
-def job_state(pk):
-    """The job's state, read with the other sockets' of this process that ask meanwhile."""
+def job_state(pk) -> asyncio.Future:
+    """A future of the job's state, read with the other sockets' of this process that ask
+    meanwhile (StateReader.state): the sockets of 1,000 jobs after a blip cost two queries, and
+    no task or waiter each."""
     loop = asyncio.get_running_loop()
     reader = _readers.get(loop)
     if reader is None:
