@@ -106,6 +106,9 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
     channel: str | None = None
     job_id = domain = ""
     last_sent = 0
+    # Frames that came while a catch-up runs; made when the first comes (an empty deque is 624
+    # bytes, for each of thousands of sockets that are live almost all the time).
+    backlog: collections.deque[Frame] | None = None
     live = False  # no task owns the sending: a frame in line is sent by deliver() itself
     catching_up: asyncio.Task | None = None
     resync_due = False  # the next step of the catch-up is a backfill
@@ -145,7 +148,6 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
             return
         self.job_id, self.domain = str(self.operation.op_id), self.operation.domain
         self.channel = job_channel(self.domain, self.job_id)
-        self.backlog: collections.deque[Frame] = collections.deque()  # live frames wait from now on
         await self.hub.add(self.channel, self)  # subscribed before the history is read
         if not self.closing:
             self.resync_due = True  # first the backfill
@@ -203,6 +205,8 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
     def _hold(self, frame: Frame) -> None:
         if self.closing:
             return
+        if self.backlog is None:
+            self.backlog = collections.deque()
         if len(self.backlog) >= gateway_settings.QUEUE_SIZE:
             self.closing = True
             self.live = False
@@ -254,6 +258,7 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
                     await self._backfill_when_redis_answers()
                     continue
                 if not self.backlog:
+                    self.backlog = None
                     self.live = True  # no await since the backlog was seen empty: nothing slips by
                     return
                 frame = self.backlog.popleft()
