@@ -49,7 +49,8 @@ $(BENCH_STAMP): $(STAMP) bench/requirements.txt
 bench: $(BENCH_STAMP)
 	$(PY) bench/idempotency.py $(BENCH_ARGS)
 
-# The gateway's: sockets held by one daphne, publish -> frame latency (bench/REPORT-gateway.md).
+# The gateway's: sockets held by one server process, fan-out, resync after a Redis blip, publish -> frame
+# latency (bench/REPORT-gateway.md).
 bench-gateway: $(BENCH_STAMP)
 	$(PY) bench/gateway.py $(BENCH_GATEWAY_ARGS)
 
