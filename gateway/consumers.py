@@ -113,6 +113,8 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
     catching_up: asyncio.Task | None = None
     resync_due = False  # the next step of the catch-up is a backfill
     state_check: asyncio.Future | None = None  # the job's state, read again (gateway.states)
+    # The close of a socket that failed or fell behind: kept, the loop holds a task weakly.
+    closer: asyncio.Task | None = None
     closing = False
     outcome_sent = False  # a reset told the client how the job ended
     state_stale = False  # self.operation.state may be out of date (Redis went away since)
@@ -193,13 +195,13 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
         self.state_stale = True
         self._start_catching_up()
 
-    def _start_catching_up(self, waiting: asyncio.Future | None = None) -> None:
+    def _start_catching_up(self) -> None:
         if self.closing:
             return
         self.resync_due = True
         if self.live:
             self.live = False
-            self.catching_up = asyncio.get_running_loop().create_task(self._catch_up(waiting))
+            self.catching_up = asyncio.get_running_loop().create_task(self._catch_up())
         # else: the running catch-up reads the history again before it goes live
 
     def _hold(self, frame: Frame) -> None:
@@ -211,7 +213,7 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
             self.closing = True
             self.live = False
             logger.info("job socket %s fell %d frames behind: closing 4008", self.job_id, len(self.backlog))
-            asyncio.get_running_loop().create_task(self._close_slow())
+            self.closer = asyncio.get_running_loop().create_task(self._close_slow())
             return
         self.backlog.append(frame)
 
@@ -289,7 +291,7 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
         logger.exception("job socket %s failed; closing 1011 (the client resumes with last_seq)", self.job_id)
         self.closing = True
         self.live = False
-        asyncio.get_running_loop().create_task(self.close(1011))
+        self.closer = asyncio.get_running_loop().create_task(self.close(1011))
 
     async def _close_slow(self) -> None:
         task = self.catching_up
