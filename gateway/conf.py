@@ -3,8 +3,8 @@
 from idempotency.conf import AppSettings
 
 DEFAULTS = {
-    # Frames waiting for one socket; a socket that falls this far behind is closed with 4008
-    # (it resumes with last_seq and loses nothing).
+    # Live frames waiting for one socket while it catches up or its client's buffer is full; a
+    # socket that falls this far behind is closed with 4008 (it resumes with last_seq, losing nothing).
     "QUEUE_SIZE": 1000,
     # How long a new socket waits for its channel subscription to be confirmed.
     "SUBSCRIBE_TIMEOUT": 5.0,
