@@ -33,6 +33,7 @@ import argparse
 import asyncio
 import collections
 import datetime
+import gc
 import json
 import os
 import resource
@@ -581,6 +582,15 @@ async def redis_blip(ctx, sockets: list, jobs: list[str], seq: int, watch: float
 # --- 2. publish -> frame latency --------------------------------------------------------------
 
 
+def quiet_gc() -> None:
+    """The load generators (this process's clients, the publisher) run without the cyclic GC
+    during a latency run: a full collection of a process that holds Django and 100,000 frames
+    pauses it for tens of ms, and that pause would be counted as the pipeline's latency (the
+    clients stamp a frame when they get to it; the publisher falls behind its schedule)."""
+    gc.collect()
+    gc.disable()
+
+
 def publisher_main(args) -> None:
     """The publisher process: --rate events/s for --duration s, round robin over the jobs. Above
     1,000 events/s it publishes one batch a millisecond (publish_events: one round trip), so
@@ -594,6 +604,7 @@ def publisher_main(args) -> None:
     interval = batch / args.rate
     lags, calls = [], []
     perf, sleep, now_ns = time.perf_counter, time.sleep, time.time_ns
+    quiet_gc()
     print("ready", flush=True)
     cpu_start = time.process_time()
     start = perf() + 0.1
@@ -821,6 +832,7 @@ async def latency_run(ctx, args, run: int, first: int, profile: bool = False) ->
         "bench (clients)": os.getpid(),
         "publisher": publisher.pid,
     }
+    quiet_gc()
     cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
     busy_before = machine_busy()
     load_before = os.getloadavg()
@@ -850,6 +862,7 @@ async def latency_run(ctx, args, run: int, first: int, profile: bool = False) ->
             break
         await asyncio.sleep(0.1)
     await asyncio.sleep(0.5)  # a late duplicate would still show up
+    gc.enable()
     profiles = {p.name: await loop.run_in_executor(None, p.finish) for p in profilers}
 
     if tap_task:
