@@ -477,6 +477,11 @@ def main() -> int:
     parser.add_argument("--server", choices=("gunicorn", "daphne"), default="gunicorn")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 2, help="gunicorn workers")
     parser.add_argument("--threads", type=int, default=4, help="threads per gunicorn worker")
+    parser.add_argument(
+        "--pool",
+        action="store_true",
+        help="Django's psycopg connection pool (DATABASES OPTIONS pool) instead of persistent connections",
+    )
     parser.add_argument("--only", help="comma-separated scenario names (profiling); no report")
     parser.add_argument("--no-report", action="store_true", help="do not write bench/REPORT-idempotency.md")
     args = parser.parse_args()
@@ -509,12 +514,17 @@ def main() -> int:
             "PYTHONPATH": str(ROOT),
             "BENCH_SERVER": args.server,
         }
+        if args.pool:
+            env["BENCH_POOL"] = "1"
         if args.server == "daphne" or args.workers == 1:
             env["BENCH_ONE_PROCESS"] = "1"  # django-idempotency-key's in-process lock suffices
         os.environ.update({k: env[k] for k in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "REDIS_URL")})
         token = _prepare_django()
         port = free_port()
         server = Server(args.server, port, env, args.workers, args.threads, Path(tmp.name) / "server.log")
+        server.description += (
+            ", psycopg connection pool" if args.pool else ", persistent connections (CONN_MAX_AGE)"
+        )
         print(f"database {db.version} ({db.name}), redis {redis_server.url}, {server.description} on :{port}")
         server.start()
         assert redis_server.process is not None
@@ -564,6 +574,7 @@ def main() -> int:
         print()
         for name, value, target, ok in check_rows:
             print(f"{'PASS' if ok else 'MISS'}  {name}: {value:.3f} (target {target})")
+        print(f"load average {meta['load']} (1 min), nproc {os.cpu_count()}")
         RESULTS_DIR.mkdir(exist_ok=True)
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         (RESULTS_DIR / f"idempotency-{stamp}.json").write_text(

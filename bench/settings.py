@@ -34,6 +34,11 @@ ROOT_URLCONF = "bench.urls"
 # daphne (BENCH_SERVER=daphne): Django runs each ASGI request in a new thread, so persistent
 # connections would pile up until the server refuses more.
 DATABASES["default"]["CONN_MAX_AGE"] = 0 if os.environ.get("BENCH_SERVER") == "daphne" else 300
+# bench/idempotency.py --pool (BENCH_POOL set): Django's psycopg pool instead (it refuses
+# persistent connections beside it), to measure whether it helps.
+if os.environ.get("BENCH_POOL"):
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = True
 
 INSTALLED_APPS = [*INSTALLED_APPS, "drf_idempotency"]
 

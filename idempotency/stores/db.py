@@ -96,8 +96,8 @@ def _columns(names) -> list[str]:
 
 
 @functools.cache
-def _sql() -> tuple[str, str, str]:
-    """claim()'s two reads and record_answer()'s INSERT, built once."""
+def _sql() -> tuple[str, str]:
+    """claim()'s reads (a template for quoted literals) and record_answer()'s INSERT, built once."""
     quote = connections[router.db_for_write(IdempotencyRecord)].ops.quote_name
     table = quote(IdempotencyRecord._meta.db_table)
     found = ", ".join(f"r.{quote(c)}" for c in _columns(FOUND_FIELDS))
@@ -108,13 +108,15 @@ def _sql() -> tuple[str, str, str]:
         f"{found} FROM (SELECT 1) AS one LEFT JOIN {table} AS r ON r.{scope} = %s AND r.{key} = %s"
     )
     read = f"SELECT {found} FROM {table} AS r WHERE r.{scope} = %s AND r.{key} = %s"
+    # Two statements, one round trip: the second's snapshot follows the first's lock (claim()).
+    claim = f"{lock_and_read}; {read}"
     columns = _columns(ANSWER_FIELDS)
     values = ", ".join("%s::jsonb" if name == "response_headers" else "%s" for name in ANSWER_FIELDS)
     insert = (
         f"INSERT INTO {table} ({', '.join(quote(c) for c in columns)}) VALUES ({values}) "
         "ON CONFLICT DO NOTHING RETURNING 1"
     )
-    return lock_and_read, read, insert
+    return claim, insert
 
 
 def _found(row) -> Found | None:
@@ -196,15 +198,20 @@ class DatabaseStore(BaseStore):
         """Inside the work's transaction on `using` (see lock_alias): hold the key by an advisory
         lock that ends with the transaction, and read its record. ACQUIRED carries a Claim.
 
-        The first statement takes the lock and reads the record; a record it reads that answers
-        (replay, mismatch, another's live lease) is the answer. When it took the lock and found
-        no such record, the record is read again: that statement's snapshot follows the lock, so
-        it sees the answer of a request that held the lock and committed while the first
-        statement ran (whose snapshot came before its lock), and the work never runs twice."""
+        One round trip, two statements. The first takes the lock and reads the record; a record
+        it reads that answers (replay, mismatch, another's live lease) is the answer. When it took
+        the lock, the second read is the one that counts: its snapshot follows the lock, so it
+        sees the answer of a request that held the lock and committed while the first statement
+        ran (whose snapshot came before its lock), and the work never runs twice. Two statements
+        in one message take the simple query protocol, which has no parameters: psycopg quotes
+        the values."""
+        from psycopg.sql import quote
+
         now = self.now()
-        lock_and_read, read, _ = _sql()
-        with connections[using].cursor() as cursor:
-            cursor.execute(lock_and_read, [State.COMPLETED, now, lock_id(scope, key), scope, key])
+        connection = connections[using]
+        with connection.cursor() as cursor:
+            values = (State.COMPLETED, now, lock_id(scope, key), scope, key, scope, key)
+            cursor.execute(_sql()[0] % tuple(quote(value, connection.connection) for value in values))
             locked, *row = cursor.fetchone()
             found = _found(row)
             if (
@@ -215,7 +222,7 @@ class DatabaseStore(BaseStore):
                 return answer
             if not locked:
                 return Acquisition(Outcome.IN_FLIGHT, retry_after=1)
-            cursor.execute(read, [scope, key])
+            cursor.nextset()
             found = _found(cursor.fetchone())
         takeover, expires_at = False, now + timedelta(seconds=ttl_seconds)
         if found is not None and found.expires_at > now:
@@ -255,7 +262,7 @@ class DatabaseStore(BaseStore):
         # rollback the caller then does.
         fields["response_headers"] = json.dumps(fields["response_headers"])
         with connections[router.db_for_write(IdempotencyRecord)].cursor() as cursor:
-            cursor.execute(_sql()[2], [fields[name] for name in ANSWER_FIELDS])
+            cursor.execute(_sql()[1], [fields[name] for name in ANSWER_FIELDS])
             return cursor.fetchone() is not None
 
     def drop(self, claim: Claim) -> None:
