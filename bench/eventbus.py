@@ -78,13 +78,12 @@ def redis_benchmark_command(port: int, n: int, depth: int) -> list[str] | None:
         binary = "/usr/bin/redis-benchmark"
     if not binary:
         return None
-    from eventbus.entries import event_head
+    from eventbus.entries import encode_data, event_head
     from eventbus.keys import tag
-    from eventbus.publish import _encode
     from eventbus.scripts import PUBLISH
 
     t, job = tag("scan", 0), "job-__rand_int____rand_int__"
-    data = _encode(DATA)
+    data = encode_data(DATA)
     head = event_head(domain="scan", job_id=job, stage="vision", seq=10, data_json=data)
     return [
         binary, "-p", str(port), "-c", "1", "-P", str(depth), "-n", str(n), "-r", "2147483647", "--csv",

@@ -135,8 +135,8 @@ class Delivery:
 def count_route_results(labels: tuple[str, str], result, n: int = 1, *, retry: bool = False) -> None:
     """Metrics of n route.lua results of one shard (a retried deferral is not a new one)."""
     if result == APPLIED:
-        metrics.APPLIED.labels(*labels).inc(n)
+        metrics.child(metrics.APPLIED, *labels).inc(n)
     elif result == DUPLICATE:
-        metrics.DUPLICATES.labels(*labels, "L2").inc(n)
+        metrics.child(metrics.DUPLICATES, *labels, "L2").inc(n)
     elif result == DEFERRED and not retry:
-        metrics.DEFERRED.labels(*labels).inc(n)
+        metrics.child(metrics.DEFERRED, *labels).inc(n)

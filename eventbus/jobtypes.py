@@ -221,11 +221,10 @@ def _add(types: dict[str, type[JobType]], job_type: type[JobType]) -> None:
 
 def register(job_type: type[JobType]) -> type[JobType]:
     """Class decorator: make `job_type` runnable and accepted by the jobs API."""
-    global _registry
     # Checked against the settings' types when the registry is built: building it here would
     # import EVENTBUS["JOB_TYPES"], which may name the module being imported right now.
     _add(_DECORATED, job_type)
-    _registry = None
+    _forget()
     return job_type
 
 
@@ -242,10 +241,18 @@ def registry() -> dict[str, type[JobType]]:
     return _registry
 
 
-def _on_setting_changed(*, setting, **kwargs):
+def _forget() -> None:
+    """Drop what was built from the registry and the settings (keys' shard counts too)."""
     global _registry
+    from .keys import forget_shard_counts
+
+    _registry = None
+    forget_shard_counts()
+
+
+def _on_setting_changed(*, setting, **kwargs):
     if setting == "EVENTBUS":
-        _registry = None
+        _forget()
 
 
 setting_changed.connect(_on_setting_changed, weak=False)

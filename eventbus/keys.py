@@ -8,6 +8,7 @@ which also overrides a type's shard count. Seqs come from a job type's declared 
 from __future__ import annotations
 
 import hashlib
+from functools import lru_cache
 
 from .conf import eventbus_settings
 
@@ -24,16 +25,35 @@ def domains() -> list[str]:
     return names + [name for name in eventbus_settings.DOMAINS if name not in names]
 
 
+# Shard counts by domain, as the settings and the registry last gave them: every event
+# published or routed asks (JobKeys), and walking the settings each time was a tenth of a
+# publish. eventbus.jobtypes forgets them when EVENTBUS changes or a job type registers.
+_shard_counts: dict[str, int] = {}
+
+
 def shard_count(domain: str) -> int:
+    try:
+        return _shard_counts[domain]
+    except (KeyError, TypeError):  # TypeError: not even a possible name (unhashable)
+        pass
     from .jobtypes import registry
 
     try:
         configured = eventbus_settings.DOMAINS.get(domain)
-        return int(configured if configured is not None else registry()[domain].shards)
-    except (KeyError, TypeError):  # TypeError: not even a possible name (unhashable)
+        count = int(configured if configured is not None else registry()[domain].shards)
+    except (KeyError, TypeError):
         raise UnknownDomain(f"Unknown domain {domain!r}; configured: {sorted(domains())}") from None
+    _shard_counts[domain] = count
+    return count
 
 
+def forget_shard_counts() -> None:
+    _shard_counts.clear()
+
+
+# A worker publishes a job's events one after the other, and the router routes them: the same
+# job's shard again and again.
+@lru_cache(maxsize=16384)
 def shard_for(job_id: str, shards: int) -> int:
     return int(hashlib.md5(str(job_id).encode()).hexdigest(), 16) % shards
 

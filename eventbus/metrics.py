@@ -14,6 +14,20 @@ from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 LABELS = ("domain", "shard")
 
+_children: dict = {}
+
+
+def child(metric, *labels):
+    """metric.labels(*labels), kept: prometheus_client finds it under a lock at every call,
+    and the publisher and the router count on every round trip."""
+    key = (metric, labels)
+    try:
+        return _children[key]
+    except KeyError:
+        found = _children[key] = metric.labels(*labels)
+        return found
+
+
 PUBLISHED = Counter("eventbus_published_total", "Events added to a shard stream (L1)", LABELS)
 DUPLICATES = Counter(
     "eventbus_duplicates_total",

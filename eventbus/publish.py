@@ -19,7 +19,6 @@ past the gap), so the whole batch can be published again once the key is repaire
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
@@ -28,14 +27,10 @@ from redis.exceptions import ResponseError
 
 from . import metrics
 from .conf import eventbus_settings
-from .entries import event_head
+from .entries import encode_data, event_head
 from .keys import JobKeys, UnknownDomain
 from .redis import get_redis, wait_replicas
 from .scripts import PUBLISH, CorruptKey, ScriptCall, run_pipelined  # noqa: F401 (CorruptKey, raised)
-
-# One encoder, not one per json.dumps() call with options. allow_nan=False: NaN and Infinity
-# are not JSON, and a browser's JSON.parse refuses them.
-_encode = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
 
 
 class Event(NamedTuple):
@@ -80,29 +75,33 @@ def _prepare(event: Event, previous: dict) -> tuple[ScriptCall, tuple[str, str]]
     if type(seq) is not int or seq <= 0:
         raise InvalidEvent(f"seq must be an int > 0, not {seq!r}")
     try:
-        data_json = _encode(data)
+        data_json = encode_data(data)
     except (TypeError, ValueError) as exc:
         raise InvalidEvent(f"data of seq {seq} is not JSON-serialisable: {exc}") from None
-    head = event_head(domain=domain, job_id=job_id, stage=stage, seq=seq, data_json=data_json)
     after = previous.get((domain, job_id), "")
     previous[domain, job_id] = seq
-    settings = eventbus_settings
-    call = PUBLISH.call(
-        (keys.published(stage, seq), keys.last_published, keys.state, keys.stream),
-        (
-            seq,
-            settings.STREAM_MAXLEN,
-            settings.DEDUP_TTL,
-            settings.STATE_TTL,
-            job_id,
-            domain,
-            stage,
-            data_json,
-            head,
-            after,
-        ),
-    )
-    return call, (domain, str(keys.shard))
+
+    def build() -> tuple[tuple, tuple]:
+        settings = eventbus_settings
+        head = event_head(domain=domain, job_id=job_id, stage=stage, seq=seq, data_json=data_json)
+        return (
+            (keys.published(stage, seq), keys.last_published, keys.state, keys.stream),
+            (
+                seq,
+                settings.STREAM_MAXLEN,
+                settings.DEDUP_TTL,
+                settings.STATE_TTL,
+                job_id,
+                domain,
+                stage,
+                data_json,
+                head,
+                after,
+            ),
+        )
+
+    # Validated now, built as it is sent (ScriptCall).
+    return PUBLISH.call_later(build), (domain, str(keys.shard))
 
 
 def _out_of_order(error: Exception) -> int | None:
@@ -140,9 +139,9 @@ def _publish(batch: list[Event]) -> list:
         counts[labels, reply == 1] += 1
     for (labels, published), n in counts.items():
         if published:
-            metrics.PUBLISHED.labels(*labels).inc(n)
+            metrics.child(metrics.PUBLISHED, *labels).inc(n)
         else:
-            metrics.DUPLICATES.labels(*labels, "L1").inc(n)
+            metrics.child(metrics.DUPLICATES, *labels, "L1").inc(n)
     if failed:
         raise failed
     if refused:

@@ -44,8 +44,19 @@ def publish_command() -> str:
     return "SPUBLISH" if eventbus_settings.CLUSTER else "PUBLISH"
 
 
+_wait_replicas: int | None = None
+
+
 def wait_replicas() -> int:
-    """EVENTBUS["WAIT_REPLICAS"], its default resolved: 1 under Sentinel, else 0."""
+    """EVENTBUS["WAIT_REPLICAS"], its default resolved: 1 under Sentinel, else 0 (read at
+    every publish: kept until the settings change)."""
+    global _wait_replicas
+    if _wait_replicas is None:
+        _wait_replicas = _configured_wait_replicas()
+    return _wait_replicas
+
+
+def _configured_wait_replicas() -> int:
     configured = eventbus_settings.WAIT_REPLICAS
     if configured is None:
         return 1 if sentinel_url() is not None else 0
@@ -147,7 +158,8 @@ def by_node(client, keys) -> list[tuple[Any, list[int]]]:
 
 def reset_redis(**kwargs):
     """Drop the client (settings changed, or after a fork)."""
-    global _client
+    global _client, _wait_replicas
+    _wait_replicas = None
     with _lock:
         if _client is not None:
             _client.close()

@@ -11,7 +11,7 @@ nothing and answers "CORRUPT <key> ...": that reply comes back as CorruptKey, na
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import resources
 
 import redis
@@ -24,6 +24,7 @@ from redis.exceptions import (
     TryAgainError,
 )
 
+from . import held
 from .redis import by_node
 
 try:
@@ -57,16 +58,38 @@ class LuaScript:
     def call(self, keys: Sequence, args: Sequence) -> ScriptCall:
         return ScriptCall(self, keys, args)
 
+    def call_later(self, build: Callable[[], tuple[Sequence, Sequence]]) -> ScriptCall:
+        """A call whose (keys, args) `build` returns when it is sent (see ScriptCall)."""
+        return ScriptCall(self, None, None, build)
+
 
 class ScriptCall:
-    __slots__ = ("script", "keys", "args")
+    """One call of a script. Its keys and arguments may come from `build`, called when the call
+    is sent: a batch goes out in chunks (_send_and_read), and building the next chunk overlaps
+    Redis running the last."""
 
-    def __init__(self, script: LuaScript, keys: Sequence, args: Sequence):
-        self.script, self.keys, self.args = script, keys, args
+    __slots__ = ("script", "_keys", "_args", "_build")
+
+    def __init__(self, script: LuaScript, keys: Sequence | None, args: Sequence | None, build=None):
+        self.script, self._keys, self._args, self._build = script, keys, args, build
+
+    def _built(self) -> tuple[Sequence, Sequence]:
+        if self._keys is None or self._args is None:
+            self._keys, self._args = self._build()
+        return self._keys, self._args
+
+    @property
+    def keys(self) -> Sequence:
+        return self._built()[0]
+
+    @property
+    def args(self) -> Sequence:
+        return self._built()[1]
 
     @property
     def command(self) -> tuple:
-        return ("EVALSHA", self.script.sha, len(self.keys), *self.keys, *self.args)
+        keys, args = self._built()
+        return ("EVALSHA", self.script.sha, len(keys), *keys, *args)
 
     def queue(self, pipe) -> None:
         # execute_command: redis-py's cluster pipeline blocks its evalsha() method, though it
@@ -74,33 +97,45 @@ class ScriptCall:
         pipe.execute_command(*self.command)
 
 
+# Calls per write of a batch (see _send_and_read).
+SEND_CHUNK = 8
+
+
 def _send_and_read(client, calls: Sequence[ScriptCall], then: tuple = ()) -> list:
-    """One write of all the calls (and the command `then`, if any) and their replies, on one
-    pooled connection.
+    """One write of all the calls (and the command `then`, if any) and their replies, on this
+    thread's connection of the client's pool (eventbus.held), or one from a Sentinel's pool.
 
     What a redis-py pipeline does for a single server, minus its per-command bookkeeping
     (a third of the publisher's time in the benchmark); EVALSHA replies need no callbacks.
     """
     pool = client.connection_pool
-    connection = pool.get_connection()
-    commands = [call.command for call in calls] + ([then] if then else [])
+    # Sentinel's pool moves its idle connections to a new master; one held would stay behind.
+    hold = type(pool) is redis.ConnectionPool
+    connection = held.connection_of(pool) if hold else pool.get_connection()
     try:
         if pack_command is not None:
-            connection.send_packed_command([b"".join([pack_command(command) for command in commands])])
+            # In chunks: Redis runs the first calls while the next are built and packed.
+            for start in range(0, len(calls), SEND_CHUNK):
+                chunk = [pack_command(call.command) for call in calls[start : start + SEND_CHUNK]]
+                if then and start + SEND_CHUNK >= len(calls):
+                    chunk.append(pack_command(then))
+                connection.send_packed_command([b"".join(chunk)])
         else:
+            commands = [call.command for call in calls] + ([then] if then else [])
             connection.send_packed_command(connection.pack_commands(commands))
         results = []
-        for _ in commands:
+        for _ in range(len(calls) + bool(then)):
             try:
                 results.append(connection.read_response())
             except ResponseError as exc:
                 results.append(exc)
         return results
     except BaseException:
-        connection.disconnect()  # replies may be left unread: never reuse it
+        connection.disconnect()  # replies may be left unread: never reuse it as it is
         raise
     finally:
-        pool.release(connection)
+        if not hold:
+            pool.release(connection)
 
 
 # A call a node did not take: its slot lives elsewhere now, or the node is away.

@@ -30,7 +30,7 @@ def own_registrations():
     yield
     jobtypes._DECORATED.clear()
     jobtypes._DECORATED.update(before)
-    jobtypes._registry = None
+    jobtypes._forget()
 
 
 ONE_STAGE = (Stage("a"),)

@@ -121,6 +121,13 @@ def test_an_out_of_order_event_in_a_batch_raises_after_the_others_ran(redis_clie
     assert len(entries(redis_client, "scan", "job-6")) == 1
 
 
+CYCLE: dict = {}
+CYCLE["self"] = CYCLE
+DEEP: list = []
+for _ in range(100_000):  # deeper than the interpreter's recursion limit
+    DEEP = [DEEP]
+
+
 @pytest.mark.parametrize(
     "event, message",
     [
@@ -133,6 +140,8 @@ def test_an_out_of_order_event_in_a_batch_raises_after_the_others_ran(redis_clie
         (("scan", "j", "vision", True, {}), "seq must be an int > 0"),
         (("scan", "j", "vision", 10, {"when": object()}), "not JSON-serialisable"),
         (("scan", "j", "vision", 10, float("nan")), "not JSON-serialisable"),
+        (("scan", "j", "vision", 10, CYCLE), "not JSON-serialisable: Circular reference"),
+        (("scan", "j", "vision", 10, DEEP), "not JSON-serialisable"),
     ],
 )
 def test_invalid_events_are_refused_before_anything_is_sent(redis_client, event, message):
