@@ -19,7 +19,6 @@ past the gap), so the whole batch can be published again once the key is repaire
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
@@ -122,7 +121,7 @@ def _publish(batch: list[Event]) -> list:
         wait_ms=eventbus_settings.WAIT_TIMEOUT_MS,
     )
     results: list = []
-    counts: Counter = Counter()
+    counts: dict = {}
     refused = failed = None
     for event, (_, labels), reply in zip(batch, prepared, replies):
         if isinstance(reply, Exception):
@@ -136,7 +135,7 @@ def _publish(batch: list[Event]) -> list:
                 failed = failed or reply
             continue
         results.append(reply == 1)
-        counts[labels, reply == 1] += 1
+        counts[labels, reply == 1] = counts.get((labels, reply == 1), 0) + 1
     for (labels, published), n in counts.items():
         if published:
             metrics.child(metrics.PUBLISHED, *labels).inc(n)

@@ -193,33 +193,31 @@ def run_pipelined(client, calls: Sequence[ScriptCall], *, replicas: int = 0, wai
     `wait_ms`."""
     if not calls:
         return []
-    results: list = [None] * len(calls)
-    todo = list(range(len(calls)))
     wait = ("WAIT", replicas, wait_ms) if replicas else ()
     if wait and type(client) is not redis.Redis:
         raise TypeError("WAIT for replicas needs a single server's client (redis.Redis), not a cluster's")
-    for attempt in range(2):
-        replies = (
-            _send_and_read(client, [calls[i] for i in todo], wait)
-            if wait
-            else _execute(client, [calls[i] for i in todo])
-        )
-        if wait:
-            acknowledged = replies.pop()
-            if isinstance(acknowledged, Exception):
-                raise acknowledged
-            if acknowledged < replicas:
-                raise NotReplicated(
-                    f"{acknowledged} of {replicas} replica(s) acknowledged the writes within {wait_ms} ms"
-                )
-        for i, result in zip(todo, replies):
-            results[i] = _classified(result)
-        todo = [i for i in todo if isinstance(results[i], NoScriptError)]
-        if not todo or attempt:
-            return results
+    results = _attempt(client, calls, wait)
+    todo = [i for i, result in enumerate(results) if isinstance(result, NoScriptError)]
+    if todo:
         for script in {calls[i].script for i in todo}:
             client.script_load(script.source)
+        for i, result in zip(todo, _attempt(client, [calls[i] for i in todo], wait)):
+            results[i] = result
     return results
+
+
+def _attempt(client, calls: Sequence[ScriptCall], wait: tuple) -> list:
+    if not wait:
+        return [_classified(reply) for reply in _execute(client, calls)]
+    replies = _send_and_read(client, calls, wait)
+    acknowledged, replicas, wait_ms = replies.pop(), wait[1], wait[2]
+    if isinstance(acknowledged, Exception):
+        raise acknowledged
+    if acknowledged < replicas:
+        raise NotReplicated(
+            f"{acknowledged} of {replicas} replica(s) acknowledged the writes within {wait_ms} ms"
+        )
+    return [_classified(reply) for reply in replies]
 
 
 async def arun_pipelined(client, calls: Sequence[ScriptCall]) -> list:
