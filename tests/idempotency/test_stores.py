@@ -129,9 +129,14 @@ def test_evict_forgets_the_key(store):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_cached_replay_makes_no_query():
+def test_the_first_replay_fills_the_cache_and_the_next_make_no_query():
     store = CachedStore()
-    store.complete(acquire(store).lease, ANSWER)  # autocommit: on_commit fills the cache at once
+    store.complete(acquire(store).lease, ANSWER)
+    assert store._cache_call("get", "t:1", "k1") is None  # a first request writes no cache entry
+    with CaptureQueriesContext(connection) as queries:
+        first = acquire(store)
+    assert first.outcome is Outcome.REPLAY and first.response == ANSWER
+    assert queries  # answered by the database
     with CaptureQueriesContext(connection) as queries:
         again = acquire(store)
     assert again.outcome is Outcome.REPLAY and again.response == ANSWER
