@@ -18,7 +18,7 @@ from redis.exceptions import ConnectionError, RedisError, ResponseError, Timeout
 
 from . import metrics
 from .conf import eventbus_settings
-from .delivery import DEFERRED, Delivery, Stream, count_route_results
+from .delivery import DEFERRED, Delivery, Settlement, Stream, count_route_results
 from .keys import domains as all_domains
 from .keys import shard_count, stream_key
 from .redis import make_async_redis
@@ -167,7 +167,8 @@ class Reclaimer(LoopWorker):
     # Settling -------------------------------------------------------------------------------
 
     async def settle(self, stream: Stream, batch: list[Delivery]) -> None:
-        results = await arun_pipelined(self.client, [d.settle_call(self.group) for d in batch])
+        settlement = Settlement(batch, self.group)
+        results = settlement.results(await arun_pipelined(self.client, settlement.calls))
         stuck = []  # well-formed, not applied: deferred, or its script failed
         for delivery, result in zip(batch, results):
             if delivery.malformed:

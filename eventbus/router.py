@@ -1,6 +1,7 @@
 """L2 + L3: the router loop. It reads the shard streams of its domains as one consumer of a
-group, and settles each entry through route.lua (apply in seq order, state, history, PUBLISH,
-ACK) or dead_letter.lua (malformed entries), a pipeline of script calls per batch.
+group, and settles its entries through route.lua (apply in seq order, state, history, PUBLISH,
+ACK; a call per run of entries of one stream) or dead_letter.lua (malformed entries), a pipeline
+of script calls per batch.
 
 An entry whose predecessor is not applied yet (it went to another router of the group, or is
 still pending somewhere) is deferred: kept here, unacked, never published early, and tried
@@ -24,7 +25,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import metrics
 from .conf import eventbus_settings
-from .delivery import APPLIED, DEFERRED, Delivery, Stream, count_route_results, streams_for
+from .delivery import APPLIED, DEFERRED, Delivery, Settlement, Stream, count_route_results, streams_for
 from .redis import by_node, get_redis, is_cluster
 from .scripts import run_pipelined
 from .worker import LoopWorker
@@ -73,6 +74,9 @@ class Router(LoopWorker):
         self.set_aside: dict[Stream, float] = {}
         self._lag_due = self._retry_due = 0.0
         self._poll_ms = CLUSTER_POLL_MIN_MS
+        # The next batch, read while Redis ran the scripts of the last one (see settle).
+        self._ahead: list[Delivery] | None = None
+        self._ahead_error: Exception | None = None
 
     # The loop (eventbus.worker) ---------------------------------------------------------------
 
@@ -87,7 +91,8 @@ class Router(LoopWorker):
 
     def setup(self) -> None:
         # After a failure too: Redis may have lost the groups, and entries in flight are
-        # pending in the group; read them again.
+        # pending in the group (a batch read ahead too); read them again.
+        self._ahead = None
         self.ensure_groups()
         self.recover_pending()
 
@@ -113,8 +118,12 @@ class Router(LoopWorker):
         if not active:
             self.wait(SET_ASIDE_SECONDS)
             return 0
-        batch = self.read({stream.key: ">" for stream in active}, block or None)
-        progressed = self.settle(batch) if batch else set()
+        ids = {stream.key: ">" for stream in active}
+        if self._ahead:
+            batch, self._ahead = self._ahead, None
+        else:
+            batch = self.read(ids, block or None)
+        progressed = self.settle(batch, read_ahead=ids) if batch else set()
         # A deferred entry can move only after its job's previous event was applied: by us just
         # now (retry that job's), or by another router, which we cannot see (retry them all,
         # every DEFER_RETRY_MS).
@@ -126,6 +135,15 @@ class Router(LoopWorker):
             progressed |= self.retry_deferred(progressed)
         self._update_lag()
         return int(bool(batch) or bool(progressed))
+
+    def teardown(self) -> None:
+        # Stopped with a batch read ahead: it is the batch in hand, settled before the exit.
+        batch, self._ahead = self._ahead, None
+        if batch:
+            try:
+                self.settle(batch)
+            except Exception as exc:  # left pending: recover_pending or the reclaimer settle it
+                log.warning("router %s: the batch read ahead stays pending: %s", self.consumer, exc)
 
     # Reading --------------------------------------------------------------------------------
 
@@ -176,11 +194,50 @@ class Router(LoopWorker):
                     self._poll_ms = min(self._poll_ms * 2, CLUSTER_POLL_MS)
             else:
                 self._poll_ms = CLUSTER_POLL_MIN_MS
+        return self._deliveries(replies)
+
+    def _deliveries(self, replies) -> list[Delivery]:
         return [
             Delivery.parse(self.by_key[key if isinstance(key, bytes) else key.encode()], stream_id, fields)
             for key, entries in replies
             for stream_id, fields in entries
         ]
+
+    def _read_ahead_command(self, ids: dict[str, str]) -> tuple:
+        """The XREADGROUP of the next batch, sent ahead of this batch's scripts: never BLOCK,
+        which would hold the scripts behind it."""
+        return (
+            "XREADGROUP",
+            "GROUP",
+            self.group,
+            self.consumer,
+            "COUNT",
+            self.count,
+            "STREAMS",
+            *ids,
+            *ids.values(),
+        )
+
+    def _take_ahead(self, reply) -> None:
+        """The raw reply of the read ahead, parsed while Redis runs the scripts."""
+        if isinstance(reply, Exception):
+            self._ahead_error = reply  # raised once the batch in hand is settled
+            return
+        # RESP2: [[key, [[id, [field, value, ...]], ...]], ...]; RESP3 a map of key to entries.
+        streams = reply.items() if isinstance(reply, dict) else reply or ()
+        self._ahead = (
+            self._deliveries(
+                (
+                    key,
+                    [
+                        (stream_id, dict(zip(fields[::2], fields[1::2])) if fields else None)
+                        for stream_id, fields in entries
+                    ],
+                )
+                for key, entries in streams
+            )
+            or None
+        )
 
     def _read_cluster(self, ids: dict[str, str]) -> list:
         """A cluster cannot block on streams of several slots: each master is asked for its
@@ -222,9 +279,16 @@ class Router(LoopWorker):
 
     # Settling -------------------------------------------------------------------------------
 
-    def settle(self, batch: list[Delivery], *, retry: bool = False) -> set[str]:
+    def settle(
+        self, batch: list[Delivery], *, retry: bool = False, read_ahead: dict[str, str] | None = None
+    ) -> set[str]:
         """Run each entry's script (only the scripts ACK); returns the jobs that had an entry
-        applied, by their applied-seq key."""
+        applied, by their applied-seq key.
+
+        `read_ahead` (stream key -> id): the next batch is read in the same round trip, ahead
+        of the scripts, and parsed while Redis runs them (the router's Python and Redis work
+        at once); the next work_once settles it. On one server only (a cluster reads per
+        master), and not once a stop was asked for."""
         deleted = [d for d in batch if d.deleted]
         if deleted:
             # Gone from the stream (trimmed or XDEL) while pending: nothing left to apply.
@@ -233,7 +297,11 @@ class Router(LoopWorker):
                 pipe.xack(delivery.stream.key, self.group, delivery.stream_id)
             pipe.execute()
             batch = [d for d in batch if not d.deleted]
-        results = run_pipelined(self.client, [d.settle_call(self.group) for d in batch])
+        settlement = Settlement(batch, self.group)
+        first: tuple = ()
+        if read_ahead and not self.cluster and not self.stop_requested:
+            first = (self._read_ahead_command(read_ahead), self._take_ahead)
+        results = settlement.results(run_pipelined(self.client, settlement.calls, first=first))
         applied = set()
         counts: Counter = Counter()
         for delivery, result in zip(batch, results):
@@ -270,6 +338,9 @@ class Router(LoopWorker):
                     applied.add(delivery.routed.keys.applied)
         for (labels, result), n in counts.items():
             count_route_results(labels, result, n, retry=retry)
+        error, self._ahead_error = self._ahead_error, None
+        if error is not None:
+            raise error  # the read ahead failed (its group gone?): setup() runs again
         return applied
 
     def retry_deferred(self, jobs: set[str] | None = None) -> set[str]:

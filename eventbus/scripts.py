@@ -38,7 +38,8 @@ class CorruptKey(ResponseError):
     wrote nothing. The message names the key; the call succeeds once the key is repaired."""
 
 
-def _classified(result):
+def classified(result):
+    """A script's error reply as CorruptKey when it says CORRUPT; any other result as it is."""
     if isinstance(result, ResponseError) and str(result).startswith("CORRUPT "):
         return CorruptKey(str(result))
     return result
@@ -101,41 +102,50 @@ class ScriptCall:
 SEND_CHUNK = 8
 
 
-def _send_and_read(client, calls: Sequence[ScriptCall], then: tuple = ()) -> list:
+def _send_and_read(client, calls: Sequence[ScriptCall], then: tuple = (), first: tuple = ()) -> list:
     """One write of all the calls (and the command `then`, if any) and their replies, on this
     thread's connection of the client's pool (eventbus.held), or one from a Sentinel's pool.
 
     What a redis-py pipeline does for a single server, minus its per-command bookkeeping
     (a third of the publisher's time in the benchmark); EVALSHA replies need no callbacks.
+    `first`, a (command, on_reply) pair: the command goes ahead of the calls in the same write,
+    and its raw reply (or its error) goes to on_reply as soon as it is read, while Redis runs
+    the calls.
     """
     pool = client.connection_pool
     # Sentinel's pool moves its idle connections to a new master; one held would stay behind.
     hold = type(pool) is redis.ConnectionPool
     connection = held.connection_of(pool) if hold else pool.get_connection()
+    lead, on_lead = first or ((), None)
     try:
         if pack_command is not None:
             # In chunks: Redis runs the first calls while the next are built and packed.
             for start in range(0, len(calls), SEND_CHUNK):
                 chunk = [pack_command(call.command) for call in calls[start : start + SEND_CHUNK]]
+                if lead and not start:
+                    chunk.insert(0, pack_command(lead))
                 if then and start + SEND_CHUNK >= len(calls):
                     chunk.append(pack_command(then))
                 connection.send_packed_command([b"".join(chunk)])
         else:
-            commands = [call.command for call in calls] + ([then] if then else [])
+            commands = ([lead] if lead else []) + [call.command for call in calls] + ([then] if then else [])
             connection.send_packed_command(connection.pack_commands(commands))
-        results = []
-        for _ in range(len(calls) + bool(then)):
-            try:
-                results.append(connection.read_response())
-            except ResponseError as exc:
-                results.append(exc)
-        return results
+        if lead:
+            on_lead(_read_reply(connection))
+        return [_read_reply(connection) for _ in range(len(calls) + bool(then))]
     except BaseException:
         connection.disconnect()  # replies may be left unread: never reuse it as it is
         raise
     finally:
         if not hold:
             pool.release(connection)
+
+
+def _read_reply(connection):
+    try:
+        return connection.read_response()
+    except ResponseError as exc:
+        return exc
 
 
 # A call a node did not take: its slot lives elsewhere now, or the node is away.
@@ -185,18 +195,26 @@ class NotReplicated(redis.TimeoutError):
     idempotent), as after any lost connection."""
 
 
-def run_pipelined(client, calls: Sequence[ScriptCall], *, replicas: int = 0, wait_ms: int = 1000) -> list:
+def run_pipelined(
+    client, calls: Sequence[ScriptCall], *, replicas: int = 0, wait_ms: int = 1000, first: tuple = ()
+) -> list:
     """Run the calls in one round trip; each result is a value or the exception of its call.
 
     `replicas` (a single server's client): the round trip ends with WAIT on the same connection,
     and NotReplicated is raised unless that many replicas acknowledged the writes within
-    `wait_ms`."""
+    `wait_ms`.
+
+    `first` (a single server's client), a (command, on_reply) pair: the command is sent ahead
+    of the calls, and on_reply gets its raw reply (or its error) while Redis runs the calls.
+    The router reads its next batch so, and parses it meanwhile."""
     if not calls:
         return []
     wait = ("WAIT", replicas, wait_ms) if replicas else ()
-    if wait and type(client) is not redis.Redis:
-        raise TypeError("WAIT for replicas needs a single server's client (redis.Redis), not a cluster's")
-    results = _attempt(client, calls, wait)
+    if (wait or first) and type(client) is not redis.Redis:
+        raise TypeError(
+            "WAIT and a first command need a single server's client (redis.Redis), not a cluster's"
+        )
+    results = _attempt(client, calls, wait, first)
     todo = [i for i, result in enumerate(results) if isinstance(result, NoScriptError)]
     if todo:
         for script in {calls[i].script for i in todo}:
@@ -206,10 +224,12 @@ def run_pipelined(client, calls: Sequence[ScriptCall], *, replicas: int = 0, wai
     return results
 
 
-def _attempt(client, calls: Sequence[ScriptCall], wait: tuple) -> list:
+def _attempt(client, calls: Sequence[ScriptCall], wait: tuple, first: tuple = ()) -> list:
+    if not wait and not first:
+        return [classified(reply) for reply in _execute(client, calls)]
+    replies = _send_and_read(client, calls, wait, first)
     if not wait:
-        return [_classified(reply) for reply in _execute(client, calls)]
-    replies = _send_and_read(client, calls, wait)
+        return [classified(reply) for reply in replies]
     acknowledged, replicas, wait_ms = replies.pop(), wait[1], wait[2]
     if isinstance(acknowledged, Exception):
         raise acknowledged
@@ -217,7 +237,7 @@ def _attempt(client, calls: Sequence[ScriptCall], wait: tuple) -> list:
         raise NotReplicated(
             f"{acknowledged} of {replicas} replica(s) acknowledged the writes within {wait_ms} ms"
         )
-    return [_classified(reply) for reply in replies]
+    return [classified(reply) for reply in replies]
 
 
 async def arun_pipelined(client, calls: Sequence[ScriptCall]) -> list:
@@ -231,7 +251,7 @@ async def arun_pipelined(client, calls: Sequence[ScriptCall]) -> list:
         for i in todo:
             calls[i].queue(pipe)
         for i, result in zip(todo, await pipe.execute(raise_on_error=False)):
-            results[i] = _classified(result)
+            results[i] = classified(result)
         todo = [i for i in todo if isinstance(results[i], NoScriptError)]
         if not todo or attempt:
             return results

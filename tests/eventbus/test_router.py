@@ -252,3 +252,56 @@ def test_a_stream_key_of_another_type_is_set_aside_and_the_other_streams_keep_fl
         router.request_stop()
         thread.join(10)
     assert not thread.is_alive()
+
+
+def test_one_call_settles_a_run_of_entries_and_a_corrupt_key_holds_back_only_its_own(redis_client, caplog):
+    """route.lua settles a stream's entries in one call and acks them with one XACK; an entry
+    whose key is corrupt writes nothing and stays pending, the others of the call are applied."""
+    first, broken, last = job_ids_on_shard("scan", 1, 3, "run")
+    for job in (first, broken, last):
+        publish_job("scan", job, [10, 11])
+    redis_client.set(JobKeys("scan", broken).history, "corrupt")
+    key = stream_key("scan", 1)
+    router = Router(consumer="r1", burst=True)
+    router.ensure_groups()
+    batch = router.read({key: ">"}, None)
+    assert len(batch) == 6
+    redis_client.config_resetstat()
+
+    assert router.settle(batch) == {JobKeys("scan", job).applied for job in (first, last)}
+
+    stats = redis_client.info("commandstats")
+    assert (stats["cmdstat_evalsha"]["calls"], stats["cmdstat_xack"]["calls"]) == (1, 1)
+    assert history_seqs(redis_client, "scan", first) == history_seqs(redis_client, "scan", last) == [10, 11]
+    assert redis_client.get(JobKeys("scan", broken).history) == b"corrupt"
+    assert f"CORRUPT {JobKeys('scan', broken).history} holds a string, not a zset" in caplog.text
+    # broken's 10 failed, its 11 waits for it: both pending, nothing of them written.
+    assert pending(redis_client, key) == 2
+    assert not redis_client.exists(JobKeys("scan", broken).applied)
+    assert sorted(d.routed.seq for d in router.deferred.values()) == [11]
+
+
+def test_the_next_batch_is_read_while_a_batch_settles_and_settled_before_a_stop(redis_client):
+    """Each round trip reads the next batch ahead of the scripts; a router stopped with such a
+    batch in hand settles it before it exits, and reads nothing more."""
+    [job] = job_ids_on_shard("scan", 2, 1, "ahead")
+    publish_job("scan", job, [10, 11, 12, 13, 14, 15])
+    key = stream_key("scan", 2)
+    router = Router(consumer="r1", count=2, domains=["scan:2"], burst=True)
+    router.setup()
+
+    assert router.work_once() == 1
+    assert history_seqs(redis_client, "scan", job) == [10, 11]
+    assert [d.routed.seq for d in router._ahead or ()] == [12, 13]
+    assert pending(redis_client, key) == 2  # read ahead: delivered to r1, not settled yet
+
+    router.request_stop()
+    router.run()
+
+    assert history_seqs(redis_client, "scan", job) == [10, 11, 12, 13]
+    assert pending(redis_client, key) == 0
+    [group] = redis_client.xinfo_groups(key)
+    assert group["lag"] == 2  # 14 and 15: never read, for the next router
+
+    Router(consumer="r2", burst=True).run()
+    assert history_seqs(redis_client, "scan", job) == [10, 11, 12, 13, 14, 15]
