@@ -127,7 +127,7 @@ REST_FRAMEWORK = {
     # Token first: DRF answers an unauthenticated request with the first class's
     # WWW-Authenticate challenge, so it gets 401 rather than 403.
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "idempotency.authentication.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
