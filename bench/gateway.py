@@ -424,7 +424,8 @@ async def hold_sockets(ctx, args) -> dict:
         )
         if checkpoint == probe_at:
             # The probes at the targets' count: fan-out rounds, then a Redis blip.
-            result["fanout"], seq = await fanout_rounds(ctx, sockets, jobs, seq, args.fanout_rounds)
+            if args.fanout_rounds:
+                result["fanout"], seq = await fanout_rounds(ctx, sockets, jobs, seq, args.fanout_rounds)
             if args.blip:
                 seq += 1
                 result["blip"] = await redis_blip(ctx, sockets, jobs, seq)
@@ -453,7 +454,7 @@ async def hold_sockets(ctx, args) -> dict:
         redis_held=redis_connections(client, ctx["owners"]()),
     )
     print(f"  held {result['held']} of {args.sockets} after {args.hold:.0f} s", flush=True)
-    if args.sockets > probe_at:
+    if args.sockets > probe_at and args.fanout_rounds:
         result["fanout_all"], seq = await fanout_rounds(ctx, sockets, jobs, seq, args.fanout_rounds)
     print("  closing", flush=True)
     await close_sockets(sockets)
@@ -1403,7 +1404,7 @@ def main() -> None:
     )
     parser.add_argument("--heavy-runs", type=int, default=1, help="latency runs at --heavy-rate (0: none)")
     parser.add_argument(
-        "--fanout-rounds", type=int, default=5, help="fan-out probes (one event to every job each)"
+        "--fanout-rounds", type=int, default=5, help="fan-out probes (one event to every job each; 0: none)"
     )
     parser.add_argument(
         "--no-blip",

@@ -8,12 +8,10 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.dev")
 django_asgi_app = get_asgi_application()  # sets Django up before the imports below
 
-from channels.auth import AuthMiddlewareStack  # noqa: E402
-from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from channels.routing import ProtocolTypeRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
 
-from gateway.routing import websocket_urlpatterns  # noqa: E402
+from gateway.asgi import JobStreamApplication  # noqa: E402
 
 http_app = django_asgi_app
 if settings.SERVE_STATIC:
@@ -26,7 +24,9 @@ if settings.SERVE_STATIC:
 application = ProtocolTypeRouter(
     {
         "http": http_app,
-        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        # The origin check, session auth and routes of channels' AllowedHostsOriginValidator,
+        # AuthMiddlewareStack and URLRouter, in one layer that keeps nothing per socket.
+        "websocket": JobStreamApplication(),
     }
 )
 

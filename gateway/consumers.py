@@ -28,6 +28,7 @@ from functools import cached_property
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
+from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 from channels.sessions import InstanceSessionWrapper
 from django.core.exceptions import ImproperlyConfigured
@@ -119,13 +120,28 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
     outcome_sent = False  # a reset told the client how the job ended
     state_stale = False  # self.operation.state may be out of date (Redis went away since)
 
+    async def __call__(self, scope, receive, send):
+        """channels' consumer loop without its task per receive and its wait on them: this
+        consumer uses no channel layer, so the server's receive is all it reads (one task per
+        socket, the server's, instead of two)."""
+        self.scope = scope
+        self.base_send = send
+        self.channel_layer = None
+        try:
+            while True:
+                await self.dispatch(await receive())
+        except StopConsumer:
+            pass
+
     async def connect(self):
         # Accept first: a close code can only reach the client on an open socket.
         await self.accept()
+        # The user is needed to authorize the socket, not afterwards (gateway.asgi's scope is the
+        # consumer's own; channels' URLRouter gives it a copy of its own too).
+        user = self.scope.pop("user", None)
         try:
             job_id = parse_job_id(self.scope["url_route"]["kwargs"]["job_id"])
             self.last_sent = parse_last_seq(self.scope.get("query_string", b""))
-            user = self.scope.get("user")
             if user is None or not user.is_authenticated:
                 raise RefuseConnection(NOT_LOGGED_IN, "Log in first.")
             self.operation = await retrying(

@@ -45,15 +45,23 @@ def job(user, redis_client):
     )
 
 
-async def open_socket(path, cookie=None, *, subscribed_to=None):
-    """A connected socket; with `subscribed_to` (a job), once the hub listens to its channel
-    (the consumer accepts first and subscribes after)."""
-    from config.asgi import application
+def make_communicator(path, cookie=None, *, application=None, origin=b"http://testserver"):
+    """A socket not connected yet, through config.asgi's application (or `application`)."""
+    if application is None:
+        from config.asgi import application
 
-    headers = [(b"origin", b"http://testserver"), (b"host", b"testserver")]
+    headers = [(b"host", b"testserver")]
+    if origin is not None:
+        headers.append((b"origin", origin))
     if cookie:
         headers.append((b"cookie", f"sessionid={cookie}".encode()))
-    communicator = WebsocketCommunicator(application, path, headers=headers)
+    return WebsocketCommunicator(application, path, headers=headers)
+
+
+async def open_socket(path, cookie=None, *, subscribed_to=None, application=None):
+    """A connected socket; with `subscribed_to` (a job), once the hub listens to its channel
+    (the consumer accepts first and subscribes after)."""
+    communicator = make_communicator(path, cookie, application=application)
     connected, _ = await communicator.connect(timeout=5)
     assert connected
     if subscribed_to is not None:
