@@ -45,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -247,24 +248,32 @@ def create_fixtures(jobs: int) -> tuple[str, list[str]]:
 
 
 SERVER_NAMES = {
-    "uvicorn": "server: uvicorn --ws websockets-sansio",
+    "uvicorn": "server: uvicorn --ws gateway.uvicorn:WebSocketProtocol --ws-per-message-deflate false",
+    "uvicorn-sansio": "server: uvicorn --ws websockets-sansio",
     "daphne": "server: daphne",
     "uvicorn-legacy": "server: uvicorn --ws websockets (legacy)",
 }
 
 
-def server_command(server: str, port: int) -> list[str]:
-    """The gateway's one process: uvicorn as the Procfile runs it, daphne, or uvicorn's legacy
-    websockets protocol."""
+def server_command(server: str, port: int, options: Sequence[str] = ()) -> list[str]:
+    """The gateway's one process: uvicorn as the Procfile runs it, uvicorn's own websockets-sansio
+    protocol (with its defaults), daphne, or uvicorn's legacy websockets protocol."""
     if server.startswith("uvicorn"):
-        ws = "websockets" if server == "uvicorn-legacy" else "websockets-sansio"
+        ws = {
+            "uvicorn": "gateway.uvicorn:WebSocketProtocol",
+            "uvicorn-sansio": "websockets-sansio",
+            "uvicorn-legacy": "websockets",
+        }[server]
         return [
             str(BIN / "uvicorn"),
             "config.asgi:application",
             *("--host", "127.0.0.1", "--port", str(port), "--ws", ws, "--lifespan", "off"),
+            # As the Procfile runs it: a compressor and a decompressor per socket cost 36 KiB.
+            *(("--ws-per-message-deflate", "false") if server == "uvicorn" else ()),
             *("--log-level", "warning", "--no-access-log"),
+            *options,
         ]
-    return [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"]
+    return [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), *options, "config.asgi:application"]
 
 
 def wait_port(child: Child, port: int, timeout: float = 60) -> None:
@@ -302,8 +311,8 @@ def wait_router(child: Child, client, timeout: float = 60) -> None:
 
 
 class Target:
-    def __init__(self, port: int, session_key: str):
-        self.port, self.session_key = port, session_key
+    def __init__(self, port: int, session_key: str, deflate: bool = False):
+        self.port, self.session_key, self.deflate = port, session_key, deflate
 
     def url(self, job_id: str) -> str:
         return f"ws://127.0.0.1:{self.port}/ws/jobs/{job_id}/"
@@ -316,7 +325,8 @@ class Target:
             self.url(job_id),
             origin=Origin(f"http://127.0.0.1:{self.port}"),
             additional_headers={"Cookie": f"sessionid={self.session_key}"},
-            compression=None,  # the server's frames as they are
+            # permessage-deflate offered as browsers do (the server may decline), unless --no-deflate.
+            compression="deflate" if self.deflate else None,
             proxy=None,
             ping_interval=None,  # server pings idle sockets itself; the library answers
             open_timeout=60,
@@ -1426,15 +1436,30 @@ def main() -> None:
     )
     parser.add_argument(
         "--server",
-        choices=("uvicorn", "daphne", "uvicorn-legacy"),
+        choices=("uvicorn", "uvicorn-sansio", "daphne", "uvicorn-legacy"),
         default="uvicorn",
-        help="The gateway's ASGI server: uvicorn with websockets-sansio (the Procfile's), daphne, or "
-        "uvicorn with its legacy websockets protocol.",
+        help="The gateway's ASGI server: uvicorn as the Procfile runs it (gateway.uvicorn's protocol, "
+        "no per-message deflate), uvicorn with its own websockets-sansio protocol and defaults, daphne, "
+        "or uvicorn with its legacy websockets protocol.",
     )
     parser.add_argument(
         "--profile-probes",
         action="store_true",
         help="py-spy on the server during the fan-out rounds and the Redis blip (at 5,000 sockets)",
+    )
+    parser.add_argument(
+        "--no-deflate",
+        dest="deflate",
+        action="store_false",
+        help="the clients do not offer permessage-deflate (browsers do; the server accepts it unless it "
+        "runs with --ws-per-message-deflate false, as the Procfile's uvicorn does)",
+    )
+    parser.add_argument(
+        "--server-option",
+        action="append",
+        default=[],
+        help="one more option for the server's command line (repeat it), e.g. "
+        "--server-option=--ws-per-message-deflate=false",
     )
     parser.add_argument("--no-report", action="store_true")
     parser.add_argument("--publisher", help=argparse.SUPPRESS)  # internal: the publisher process
@@ -1475,7 +1500,7 @@ def main() -> None:
 
         client = redis.Redis.from_url(redis_server.url, client_name="bench")
         port = free_port()
-        server = Child("server", server_command(args.server, port), env, log_dir).start()
+        server = Child("server", server_command(args.server, port, args.server_option), env, log_dir).start()
         children.append(server)
         router = Child("router", [sys.executable, "manage.py", "run_router"], env, log_dir).start()
         children.append(router)
@@ -1496,7 +1521,7 @@ def main() -> None:
 
         ctx.update(
             client=client,
-            target=Target(port, session_key),
+            target=Target(port, session_key, args.deflate),
             jobs=jobs,
             server=server,
             router=router,
