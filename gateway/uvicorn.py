@@ -4,7 +4,7 @@ holds thousands: `uvicorn ... --ws gateway.uvicorn:WebSocketProtocol`.
 The same protocol, subclassed where it keeps more than an open socket needs, all of it set up in
 its `__init__` and its handshake (uvicorn has no option for these):
 - the handshake's request and response (their headers), which it reads no more once the response
-  is sent: let go then;
+  is sent: let go then (the scope's copy of the headers stays: the app may read it);
 - its receive queue, an `asyncio.Queue` (three deques and an Event with a fourth: 2.4 KB for the
   two or three messages a job stream's socket ever gets): a list, and a future while the app waits;
 - its "writable" `asyncio.Event` (a deque of waiters each): the same with a list.
@@ -105,6 +105,8 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
 
     def start_keepalive(self) -> None:
         # Called once, right after the handshake's response went out (send(), websocket.accept):
-        # uvicorn reads neither the request nor the response again.
+        # uvicorn reads neither the request nor the response again. websockets' parser keeps the
+        # request as long as the socket (a local of its generator) but reads it no more: emptied.
+        self.request.headers.clear()
         self.request = self.response = None  # type: ignore[assignment]
         super().start_keepalive()

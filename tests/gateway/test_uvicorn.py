@@ -58,6 +58,7 @@ async def test_a_socket_streams_its_job_and_keeps_no_handshake(server, job, cook
         assert [json.loads(await asyncio.wait_for(ws.recv(), 5))["seq"] for _ in range(2)] == [10, 11]
         [protocol] = protocols(server)
         assert protocol.request is None and protocol.response is None
+        assert not list(protocol.conn.parser.gi_frame.f_locals["request"].headers.raw_items())
         assert isinstance(protocol.queue, Inbox) and isinstance(protocol.writable, Gate)
         await publish_and_route(job, [12])
         assert json.loads(await asyncio.wait_for(ws.recv(), 5))["seq"] == 12
