@@ -8,7 +8,7 @@ its `__init__` and its handshake (uvicorn has no option for these):
 - its receive queue, an `asyncio.Queue` (three deques and an Event with a fourth: 2.4 KB for the
   two or three messages a job stream's socket ever gets): a list, and a future while the app waits;
 - its "writable" `asyncio.Event` (a deque of waiters each): the same with a list.
-About 7 KB of Python objects per socket (bench/REPORT-gateway.md). Everything else is uvicorn's:
+About 9 KB of Python objects per socket (bench/REPORT-gateway.md). Everything else is uvicorn's:
 written against uvicorn 0.54 (requirements.txt); tests/gateway/test_uvicorn.py runs it.
 """
 
