@@ -172,7 +172,7 @@ class Worker(Process):
 
 class Web(Process):
     """The gateway's server serving config.asgi on 127.0.0.1:<port>, as the Procfile runs it
-    (uvicorn, websockets-sansio)."""
+    (uvicorn, gateway.uvicorn's protocol, no per-message deflate)."""
 
     ready_text = "Uvicorn running on"
 
@@ -181,7 +181,8 @@ class Web(Process):
             str(BIN / "uvicorn"),
             "config.asgi:application",
             *("--host", "127.0.0.1", "--port", str(port)),
-            *("--ws", "websockets-sansio", "--lifespan", "off"),
+            *("--ws", "gateway.uvicorn:WebSocketProtocol", "--ws-per-message-deflate", "false"),
+            *("--lifespan", "off"),
             name="web",
             **env,
         )
