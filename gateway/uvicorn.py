@@ -20,14 +20,31 @@ from typing import Any
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 
-class Inbox:
-    """What uvicorn's protocol uses of its asyncio.Queue: put_nowait(), get(), empty()."""
+class _Waiters:
+    """The futures of the coroutines waiting on an Inbox or a Gate; the list made when one first
+    waits (most sockets never do)."""
 
-    __slots__ = ("_messages", "_waiters")
+    __slots__ = ("_waiters",)
 
     def __init__(self) -> None:
+        self._waiters: list[asyncio.Future] | None = None
+
+    def _waiter(self) -> asyncio.Future:
+        waiter = asyncio.get_running_loop().create_future()
+        if self._waiters is None:
+            self._waiters = []
+        self._waiters.append(waiter)
+        return waiter
+
+
+class Inbox(_Waiters):
+    """What uvicorn's protocol uses of its asyncio.Queue: put_nowait(), get(), empty()."""
+
+    __slots__ = ("_messages",)
+
+    def __init__(self) -> None:
+        super().__init__()
         self._messages: list = []
-        self._waiters: list[asyncio.Future] | None = None  # made when a get() first waits
 
     def put_nowait(self, message: Any) -> None:
         self._messages.append(message)
@@ -35,10 +52,7 @@ class Inbox:
 
     async def get(self) -> Any:
         while not self._messages:
-            waiter = asyncio.get_running_loop().create_future()
-            if self._waiters is None:
-                self._waiters = []
-            self._waiters.append(waiter)
+            waiter = self._waiter()
             try:
                 await waiter
             except asyncio.CancelledError:
@@ -46,7 +60,7 @@ class Inbox:
                     self._wake_one()  # it was woken for a message it will not take: the next one
                 raise
             finally:
-                self._waiters.remove(waiter)
+                self._waiters.remove(waiter)  # type: ignore[union-attr]  # made by _waiter()
         return self._messages.pop(0)
 
     def empty(self) -> bool:
@@ -62,14 +76,14 @@ class Inbox:
                 return
 
 
-class Gate:
+class Gate(_Waiters):
     """What uvicorn's protocol uses of its asyncio.Event "writable": set(), clear(), is_set(), wait()."""
 
-    __slots__ = ("_open", "_waiters")
+    __slots__ = ("_open",)
 
     def __init__(self) -> None:
+        super().__init__()
         self._open = True
-        self._waiters: list[asyncio.Future] | None = None
 
     def is_set(self) -> bool:
         return self._open
@@ -86,15 +100,12 @@ class Gate:
     async def wait(self) -> bool:
         if self._open:
             return True
-        waiter = asyncio.get_running_loop().create_future()
-        if self._waiters is None:
-            self._waiters = []
-        self._waiters.append(waiter)
+        waiter = self._waiter()
         try:
             await waiter
             return True
         finally:
-            self._waiters.remove(waiter)
+            self._waiters.remove(waiter)  # type: ignore[union-attr]  # made by _waiter()
 
 
 class WebSocketProtocol(WebSocketsSansIOProtocol):
