@@ -91,8 +91,9 @@ class Router(LoopWorker):
 
     def setup(self) -> None:
         # After a failure too: Redis may have lost the groups, and entries in flight are
-        # pending in the group (a batch read ahead too); read them again.
-        self._ahead = None
+        # pending in the group (a batch read ahead too); read them again. A read ahead's error
+        # left by a unit that failed before it raised it is that failure's, not the next unit's.
+        self._ahead, self._ahead_error = None, None
         self.ensure_groups()
         self.recover_pending()
 

@@ -305,3 +305,19 @@ def test_the_next_batch_is_read_while_a_batch_settles_and_settled_before_a_stop(
 
     Router(consumer="r2", burst=True).run()
     assert history_seqs(redis_client, "scan", job) == [10, 11, 12, 13, 14, 15]
+
+
+def test_a_failed_unit_leaves_no_read_ahead_error_for_the_next_one(redis_client):
+    """A unit that failed after its read ahead failed too (say the scripts' replies were lost
+    as well) must not leave that error for the unit after setup() ran again."""
+    from redis.exceptions import ResponseError
+
+    [job] = job_ids_on_shard("scan", 3, 1, "stale")
+    router = Router(consumer="r1", domains=["scan:3"], burst=True)
+    router.setup()
+    router._ahead_error = ResponseError("NOGROUP the read ahead of a failed unit")
+    router.setup()  # what the loop runs after a failed unit
+    publish_job("scan", job, [10])
+
+    assert router.work_once() == 1
+    assert history_seqs(redis_client, "scan", job) == [10]
