@@ -139,7 +139,9 @@ def run_locked(
             answer = to_stored(result)
             if answer is Verdict.RELEASE:
                 store.drop(held)
-            elif not store.record_answer(held, answer if isinstance(answer, StoredResponse) else None):
+            elif not store.record_answer(
+                held, answer if isinstance(answer, StoredResponse) else None, last=len(aliases) == 1
+            ):
                 raise _AnsweredFirst(held.lease)
     except _AnsweredFirst as lost:
         lease = lost.lease

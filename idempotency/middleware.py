@@ -10,11 +10,13 @@ thread for the database work and the view (where Django would run a sync view an
 
 from __future__ import annotations
 
+import functools
 import logging
 
 from asgiref.sync import async_to_sync, iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.db import InterfaceError, OperationalError, close_old_connections
 from django.urls import Resolver404, get_resolver
+from django.utils.translation import get_language
 
 from . import metrics
 from .conf import idempotency_settings
@@ -66,15 +68,24 @@ def error_verdict(exc: BaseException) -> Verdict:
     return Verdict.RELEASE if status in idempotency_settings.NOT_STORED_STATUSES else Verdict.FAIL
 
 
+@functools.lru_cache(maxsize=1024)
+def routed_view(resolver, language, path_info):
+    """The view `resolver` routes `path_info` to, None when no route matches. Memoized: this
+    middleware resolves before Django's handler does (which resolves again), and a route is
+    fixed once the URLconf is loaded. `language` is in the key for i18n_patterns' prefixes."""
+    try:
+        return resolver.resolve(path_info).func
+    except Resolver404:
+        return None
+
+
 def covered_view(request):
     """The view a keyed, unsafe request is routed to, when its policy covers the request."""
     if request.method in SAFE_METHODS or idempotency_settings.HEADER not in request.headers:
         return None
-    try:
-        match = get_resolver(getattr(request, "urlconf", None)).resolve(request.path_info)
-    except Resolver404:
-        return None
-    return match.func if policy_for(match.func, request.method) is not None else None
+    resolver = get_resolver(getattr(request, "urlconf", None))
+    view = routed_view(resolver, get_language(), request.path_info)
+    return view if view is not None and policy_for(view, request.method) is not None else None
 
 
 def refusal(acquisition: Acquisition):

@@ -1,8 +1,8 @@
 """The database store with a cache in front: a replay of a completed record is served from
-the cache without a database query. The first replay of a key is answered by the database and
-puts the answer in the cache for the next ones; a first request writes nothing to the cache
-(most keys are never retried, and a cache write on each completion cost first requests a
-tenth of their time in bench/idempotency.py). So the cache never holds an answer the database
+the cache without a database query. A request that stores an answer puts it in the cache once
+its transaction has committed (a retry usually follows a lost answer closely, so even the first
+replay of a key is served from the cache); a replay the database answered (the cache was down,
+flushed, or the entry evicted) puts it back. So the cache never holds an answer the database
 has not committed, and an entry lives no longer than its record.
 """
 
@@ -12,8 +12,10 @@ import hashlib
 import logging
 
 from django.core.cache import caches
+from django.db import router, transaction
 
 from ..conf import idempotency_settings
+from ..models import IdempotencyRecord
 from ..responses import StoredResponse
 from .base import Acquisition, Outcome
 from .db import DatabaseStore
@@ -66,6 +68,26 @@ class CachedStore(DatabaseStore):
             using=using,
         )
         return self._remembered(acquisition, scope, key, fingerprint)
+
+    def record_answer(self, claim, response, *, last=False):
+        if not super().record_answer(claim, response, last=last):
+            return False
+        if response is not None:
+            self._remember_on_commit(claim.lease, response, claim.using)
+        return True
+
+    def complete(self, lease, response):
+        if not super().complete(lease, response):
+            return False
+        self._remember_on_commit(lease, response, router.db_for_write(IdempotencyRecord))
+        return True
+
+    def _remember_on_commit(self, lease, response, using):
+        # At once outside a transaction; after the COMMIT inside one (never on a rollback).
+        transaction.on_commit(
+            lambda: self._remember(lease.scope, lease.key, lease.fingerprint, response, lease.expires_at),
+            using=using,
+        )
 
     def _remembered(self, acquisition, scope, key, fingerprint):
         if acquisition.outcome is Outcome.REPLAY:

@@ -15,6 +15,7 @@ import hashlib
 import json
 import math
 import uuid
+import weakref
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -28,6 +29,8 @@ State = IdempotencyRecord.State
 # A record can change under us between the failed INSERT and the read; a few rounds settle it.
 MAX_ROUNDS = 5
 CLEANUP_BATCH = 1000
+# The UNIQUE (scope, key) constraint: the final arbiter between two requests with one key.
+KEY_CONSTRAINT = next(c.name for c in IdempotencyRecord._meta.constraints)
 # What claim() reads of a record, in this order (Found's fields).
 FOUND_FIELDS = (
     "id",
@@ -88,6 +91,29 @@ class Claim:
     path: str
     now: datetime
     replaces: Found | None  # a record the answer takes over (FAILED, dead lease, expired)
+    using: str  # the database whose transaction holds the key
+
+
+# One psycopg Transformer per connection for _literals(): psycopg.sql.quote() builds one per value.
+_transformers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _literals(connection, values) -> tuple[str, ...]:
+    """`values` as SQL literals for `connection` (Django's): a message of several statements
+    takes the simple query protocol, which has no parameters, so psycopg quotes the values."""
+    from psycopg.adapt import Transformer
+
+    raw = connection.connection
+    if (transformer := _transformers.get(raw)) is None:
+        transformer = _transformers[raw] = Transformer(raw)
+    encoding = raw.info.encoding
+    return tuple(transformer.as_literal(value).decode(encoding) for value in values)
+
+
+def _ends_transaction(connection) -> bool:
+    """Whether the transaction Django has open on `connection` is one outermost atomic block
+    that Django will commit on exit: then the last statement may carry the COMMIT itself."""
+    return len(connection.atomic_blocks) == 1 and connection.commit_on_exit
 
 
 def _columns(names) -> list[str]:
@@ -112,11 +138,14 @@ def _sql() -> tuple[str, str]:
     claim = f"{lock_and_read}; {read}"
     columns = _columns(ANSWER_FIELDS)
     values = ", ".join("%s::jsonb" if name == "response_headers" else "%s" for name in ANSWER_FIELDS)
-    insert = (
-        f"INSERT INTO {table} ({', '.join(quote(c) for c in columns)}) VALUES ({values}) "
-        "ON CONFLICT DO NOTHING RETURNING 1"
-    )
+    # A template for quoted literals too: record_answer() may append the COMMIT to it.
+    insert = f"INSERT INTO {table} ({', '.join(quote(c) for c in columns)}) VALUES ({values})"
     return claim, insert
+
+
+def _violated(error: IntegrityError) -> str | None:
+    """The name of the constraint a PostgreSQL IntegrityError reports."""
+    return getattr(getattr(error.__cause__, "diag", None), "constraint_name", None)
 
 
 def _found(row) -> Found | None:
@@ -203,15 +232,12 @@ class DatabaseStore(BaseStore):
         the lock, the second read is the one that counts: its snapshot follows the lock, so it
         sees the answer of a request that held the lock and committed while the first statement
         ran (whose snapshot came before its lock), and the work never runs twice. Two statements
-        in one message take the simple query protocol, which has no parameters: psycopg quotes
-        the values."""
-        from psycopg.sql import quote
-
+        in one message take the simple query protocol (see _literals)."""
         now = self.now()
         connection = connections[using]
         with connection.cursor() as cursor:
             values = (State.COMPLETED, now, lock_id(scope, key), scope, key, scope, key)
-            cursor.execute(_sql()[0] % tuple(quote(value, connection.connection) for value in values))
+            cursor.execute(_sql()[0] % _literals(connection, values))
             locked, *row = cursor.fetchone()
             found = _found(row)
             if (
@@ -231,14 +257,22 @@ class DatabaseStore(BaseStore):
             takeover, expires_at = found.state == State.PENDING, found.expires_at
         lease = Lease(scope, key, "", fingerprint, expires_at)
         return Acquisition(
-            Outcome.ACQUIRED, lease=lease, takeover=takeover, claim=Claim(lease, method, path, now, found)
+            Outcome.ACQUIRED,
+            lease=lease,
+            takeover=takeover,
+            claim=Claim(lease, method, path, now, found, using),
         )
 
-    def record_answer(self, claim: Claim, response: StoredResponse | None) -> bool:
+    def record_answer(self, claim: Claim, response: StoredResponse | None, *, last: bool = False) -> bool:
         """In the transaction that claimed the key: store `response` (COMPLETED), or with None
         keep the key FAILED (the work's effects commit without an answer). False when another
         request stored first (the UNIQUE constraint, or the compare-and-set on the record it
-        replaces, decides): the caller rolls the work back."""
+        replaces, decides): the caller rolls the work back, and the transaction is aborted.
+
+        `last`: nothing else runs in the transaction after this, on any database. Then, when
+        Django is about to commit it (see _ends_transaction), the INSERT carries the COMMIT in
+        its own message, one round trip fewer: psycopg's commit() finds the transaction ended
+        and sends nothing. When the INSERT fails, the COMMIT in its message does not run."""
         lease, stored = claim.lease, response is not None
         fields = {
             "scope": lease.scope,
@@ -258,12 +292,20 @@ class DatabaseStore(BaseStore):
         if claim.replaces is not None:
             return self._take_over(claim.replaces, {**fields, "lease_expires_at": None})
         # Raw SQL: building the ORM's create() costs about as much CPU as the view's own INSERT,
-        # on every first request. ON CONFLICT DO NOTHING keeps the transaction usable for the
-        # rollback the caller then does.
+        # on every first request.
         fields["response_headers"] = json.dumps(fields["response_headers"])
-        with connections[router.db_for_write(IdempotencyRecord)].cursor() as cursor:
-            cursor.execute(_sql()[1], [fields[name] for name in ANSWER_FIELDS])
-            return cursor.fetchone() is not None
+        connection = connections[claim.using]
+        insert = _sql()[1] % _literals(connection, [fields[name] for name in ANSWER_FIELDS])
+        if last and _ends_transaction(connection):
+            insert += "; COMMIT"
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(insert)
+        except IntegrityError as exc:
+            if _violated(exc) == KEY_CONSTRAINT:
+                return False
+            raise
+        return True
 
     def drop(self, claim: Claim) -> None:
         """The work was refused (the key is free again): forget the record it would have replaced."""

@@ -1,14 +1,17 @@
 """On PostgreSQL an atomic view holds its key by a lock of its own transaction and stores its
 answer with one INSERT in it (DatabaseStore.claim / record_answer): races with real threads."""
 
+import contextlib
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test import RequestFactory
+from psycopg.pq import TransactionStatus
 
 from idempotency.fingerprint import request_fingerprint
 from idempotency.models import IdempotencyRecord, Operation
+from idempotency.responses import StoredResponse
 from idempotency.stores.db import DatabaseStore
 
 from . import views
@@ -131,3 +134,56 @@ def test_a_durable_lease_taken_meanwhile_wins_and_the_view_rolls_back(user):
     assert lost.status_code == 409 and lost.json()["type"] == "urn:problem:idempotency-in-progress"
     assert effects() == 0
     assert IdempotencyRecord.objects.get(key="leased").lease_token == taken.lease.token
+
+
+def seen_by_another_connection(key):
+    """Whether a committed record of `key` is visible outside this thread's transaction."""
+    return in_threads(1, lambda _: IdempotencyRecord.objects.filter(key=key).exists())[0]
+
+
+def claimed(store, key):
+    acquisition = store.claim(
+        scope="-:0", key=key, fingerprint="f", ttl_seconds=60, method="POST", path="/", using="default"
+    )
+    assert acquisition.claim is not None
+    return acquisition.claim
+
+
+ANSWER = StoredResponse(201, (("Content-Type", "application/json"),), b"{}")
+
+
+def test_the_last_statement_of_the_transaction_commits_it_with_the_answer():
+    """One round trip fewer: the INSERT carries the COMMIT, so the answer is committed before
+    Django's atomic block exits (and psycopg's commit then finds nothing to do)."""
+    store = DatabaseStore()
+    with transaction.atomic():
+        assert store.record_answer(claimed(store, "folded"), ANSWER, last=True)
+        assert seen_by_another_connection("folded")
+        assert connection.connection.pgconn.transaction_status == TransactionStatus.IDLE
+    assert IdempotencyRecord.objects.get(key="folded").state == "COMPLETED"
+
+
+@pytest.mark.parametrize("case", ["not last", "nested"])
+def test_the_answer_commits_with_the_transaction_when_it_may_not_end_it(case):
+    """Not the last statement, or inside an atomic block of the caller's: Django's own COMMIT
+    (of the outermost block) commits the answer, as the work's other statements."""
+    store = DatabaseStore()
+    with transaction.atomic():
+        inner = transaction.atomic() if case != "not last" else contextlib.nullcontext()
+        with inner:
+            assert store.record_answer(claimed(store, "kept"), ANSWER, last=case != "not last")
+        assert not seen_by_another_connection("kept")
+    assert IdempotencyRecord.objects.get(key="kept").state == "COMPLETED"
+
+
+def test_a_lost_insert_does_not_commit_the_work_it_was_sent_with():
+    store = DatabaseStore()
+    held = claimed(store, "taken")
+    IdempotencyRecord.objects.create(
+        scope="-:0", key="taken", fingerprint="f", expires_at=held.lease.expires_at
+    )
+    with pytest.raises(RuntimeError), transaction.atomic():
+        Operation.objects.create(scope="-:0", idem_key="taken", domain="d", event_type="effect")
+        assert not store.record_answer(held, ANSWER, last=True)
+        raise RuntimeError("the caller rolls back")
+    assert effects() == 0

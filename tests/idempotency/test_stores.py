@@ -3,7 +3,7 @@
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -129,10 +129,34 @@ def test_evict_forgets_the_key(store):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_first_replay_fills_the_cache_and_the_next_make_no_query():
+def test_a_completed_answer_is_cached_and_its_replays_make_no_query():
     store = CachedStore()
     store.complete(acquire(store).lease, ANSWER)
-    assert store._cache_call("get", "t:1", "k1") is None  # a first request writes no cache entry
+    with CaptureQueriesContext(connection) as queries:
+        replay = acquire(store)
+    assert replay.outcome is Outcome.REPLAY and replay.response == ANSWER
+    assert len(queries) == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_answer_enters_the_cache_only_when_its_transaction_commits():
+    store = CachedStore()
+    lease = acquire(store).lease
+    with pytest.raises(RuntimeError), transaction.atomic():
+        assert store.complete(lease, ANSWER)
+        assert store._cache_call("get", "t:1", "k1") is None  # not before the COMMIT
+        raise RuntimeError("rolled back")
+    assert store._cache_call("get", "t:1", "k1") is None
+    with transaction.atomic():
+        assert store.complete(lease, ANSWER)
+    assert store._cache_call("get", "t:1", "k1")["body"] == ANSWER.body
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_replay_the_database_answered_fills_the_cache_again():
+    store = CachedStore()
+    store.complete(acquire(store).lease, ANSWER)
+    store.forget(scope="t:1", key="k1")  # a flushed or evicted cache
     with CaptureQueriesContext(connection) as queries:
         first = acquire(store)
     assert first.outcome is Outcome.REPLAY and first.response == ANSWER
