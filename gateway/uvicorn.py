@@ -15,6 +15,8 @@ written against uvicorn 0.54 (requirements.txt); tests/gateway/test_uvicorn.py r
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
@@ -29,12 +31,18 @@ class _Waiters:
     def __init__(self) -> None:
         self._waiters: list[asyncio.Future] | None = None
 
-    def _waiter(self) -> asyncio.Future:
+    @contextlib.contextmanager
+    def _waiting(self) -> Iterator[asyncio.Future]:
+        """A future to await, listed for the wakers while the block runs."""
         waiter = asyncio.get_running_loop().create_future()
         if self._waiters is None:
             self._waiters = []
-        self._waiters.append(waiter)
-        return waiter
+        waiters = self._waiters
+        waiters.append(waiter)
+        try:
+            yield waiter
+        finally:
+            waiters.remove(waiter)
 
 
 class Inbox(_Waiters):
@@ -52,15 +60,13 @@ class Inbox(_Waiters):
 
     async def get(self) -> Any:
         while not self._messages:
-            waiter = self._waiter()
-            try:
-                await waiter
-            except asyncio.CancelledError:
-                if waiter.done() and not waiter.cancelled():
-                    self._wake_one()  # it was woken for a message it will not take: the next one
-                raise
-            finally:
-                self._waiters.remove(waiter)  # type: ignore[union-attr]  # made by _waiter()
+            with self._waiting() as waiter:
+                try:
+                    await waiter
+                except asyncio.CancelledError:
+                    if waiter.done() and not waiter.cancelled():
+                        self._wake_one()  # it was woken for a message it will not take: the next one
+                    raise
         return self._messages.pop(0)
 
     def empty(self) -> bool:
@@ -100,12 +106,9 @@ class Gate(_Waiters):
     async def wait(self) -> bool:
         if self._open:
             return True
-        waiter = self._waiter()
-        try:
+        with self._waiting() as waiter:
             await waiter
             return True
-        finally:
-            self._waiters.remove(waiter)  # type: ignore[union-attr]  # made by _waiter()
 
 
 class WebSocketProtocol(WebSocketsSansIOProtocol):

@@ -100,6 +100,7 @@ async def test_inbox_is_a_fifo_whose_waiting_readers_take_turns():
     inbox.put_nowait("b")
     inbox.put_nowait("c")
     assert inbox.qsize() == 2 and [await inbox.get(), await inbox.get()] == ["b", "c"] and inbox.empty()
+    assert inbox._waiters == []  # a woken or cancelled reader leaves no waiter behind
 
 
 async def test_gate_holds_waiters_while_cleared():
@@ -111,3 +112,4 @@ async def test_gate_holds_waiters_while_cleared():
     assert not waiter.done()
     gate.set()
     assert await asyncio.wait_for(waiter, 1) is True
+    assert gate._waiters == []
