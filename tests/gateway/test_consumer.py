@@ -220,6 +220,25 @@ async def test_sockets_share_one_pubsub_connection(job, cookie, redis_client):
     assert get_hub().channels == 0
 
 
+async def test_the_hub_reader_ends_with_its_last_channel_and_starts_with_the_next(job, cookie):
+    """The pub/sub reader blocks on the connection (no timeout per read): the confirmation of
+    the last UNSUBSCRIBE must still end it, and the next socket must get a reader again."""
+    socket = await open_socket(f"/ws/jobs/{job.op_id}/", cookie, subscribed_to=job)
+    await publish_and_route(job, SCAN[:1])
+    assert [f["seq"] for f in await frames_until(socket, 10)] == [10]
+    line = get_hub()._lines["redis"]
+    reader = line.reader
+    assert reader is not None and not reader.done()
+    await socket.disconnect()
+    await asyncio.wait_for(asyncio.shield(reader), timeout=5)  # ended, not waiting for a message
+    assert reader.exception() is None
+    again = await open_socket(f"/ws/jobs/{job.op_id}/?last_seq=10", cookie, subscribed_to=job)
+    assert line.reader is not reader and not line.reader.done()
+    await publish_and_route(job, SCAN[1:2])
+    assert [f["seq"] for f in await frames_until(again, SCAN[1])] == [SCAN[1]]
+    await again.disconnect()
+
+
 async def test_pubsub_connection_killed_mid_stream_loses_nothing(job, cookie, redis_client):
     """Redis drops the hub's connection and refuses new ones while the job goes on: the
     events published meanwhile never reach pub/sub; the hub reconnects, resyncs every socket
