@@ -214,9 +214,18 @@ class RedisClusterServers:
             for i, client in enumerate(masters):
                 end = CLUSTER_SLOTS if i == len(masters) - 1 else (i + 1) * step
                 client.execute_command("CLUSTER ADDSLOTS", *range(i * step, end))
+            # A config epoch of its own for each node, as redis-cli gives them: left at 0, the
+            # nodes settle the collision over the bus a moment later, and a slot moved meanwhile
+            # can end up claimed by no master (eventbus.placement._settle).
+            for epoch, client in enumerate(clients, start=1):
+                client.execute_command("CLUSTER SET-CONFIG-EPOCH", epoch)
             for client in clients[1:]:
                 client.execute_command("CLUSTER MEET", "127.0.0.1", self.nodes[0].port)
-            self._wait(clients, timeout, lambda c: len(c.cluster("nodes")) == len(clients))
+            # Every node knows every node, and its epoch.
+            epochs = {str(epoch) for epoch in range(1, len(clients) + 1)}
+            self._wait(
+                clients, timeout, lambda c: {n["epoch"] for n in c.cluster("nodes").values()} == epochs
+            )
             ids = [_text(client.execute_command("CLUSTER MYID")) for client in masters]
             for i, client in enumerate(clients[self.masters :]):
                 client.execute_command("CLUSTER REPLICATE", ids[i % self.masters])

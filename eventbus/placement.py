@@ -12,6 +12,7 @@ and of all of them. The key names stay as the contract writes them.
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -24,6 +25,8 @@ logger = logging.getLogger(__name__)
 
 MIGRATE_BATCH = 100  # keys per MIGRATE
 MIGRATE_TIMEOUT_MS = 5000
+SETTLE_TIMEOUT = 15.0  # seconds for every master to name a moved slot's new owner
+CLAIM_AGAIN_AFTER = 1.0  # seconds of disagreement before the target claims the slot again
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,7 +207,52 @@ def _migrate_slot(nodes: dict, slot: int, source, target) -> int:
             node.redis_connection.execute_command("CLUSTER SETSLOT", slot, "NODE", target_id)
         except ResponseError as exc:  # another master learns it from the cluster bus anyway
             logger.warning("CLUSTER SETSLOT %d NODE on %s: %s", slot, node.name, exc)
+    _settle(nodes.values(), slot, target, target_id)
     return moved
+
+
+def _settle(masters, slot: int, target, target_id: str) -> None:
+    """Wait until every master names the target as the slot's owner.
+
+    A master that hears a heartbeat the source sent before its SETSLOT, claiming the slot with a
+    higher config epoch than the target's, gives the slot back to the source (the target bumps
+    its epoch on taking the slot, but only above the epochs it knows of: not yet all of them
+    while the cluster's epochs converge, as right after its creation). The source no longer
+    claims it, so nothing mends that: the two redirect to each other for ever (MOVED both ways,
+    "TTL exhausted" in clients). The target then takes an epoch above every one it knows now
+    (CLUSTER BUMPEPOCH) and claims the slot again, which every master accepts: what
+    `redis-cli --cluster fix` does for a slot in dispute."""
+    deadline = time.monotonic() + SETTLE_TIMEOUT
+    claim_at = time.monotonic() + CLAIM_AGAIN_AFTER
+    while True:
+        owners = {node.name: _owner_in_view(node, slot) for node in masters}
+        if all(owner == target_id for owner in owners.values()):
+            return
+        now = time.monotonic()
+        if now > deadline:
+            raise RuntimeError(
+                f"slot {slot} moved to {target.name}, but the masters still disagree: {owners}"
+            )
+        if now >= claim_at:
+            logger.warning(
+                "slot %d: the masters disagree on its owner (%s); %s claims it again",
+                slot,
+                owners,
+                target.name,
+            )
+            target.redis_connection.execute_command("CLUSTER BUMPEPOCH")
+            target.redis_connection.execute_command("CLUSTER SETSLOT", slot, "NODE", target_id)
+            claim_at = now + CLAIM_AGAIN_AFTER
+        time.sleep(0.05)
+
+
+def _owner_in_view(node, slot: int) -> str | None:
+    """The id of the master that owns the slot, as this node sees the cluster."""
+    for fields in node.redis_connection.cluster("nodes").values():
+        for first, *last in fields["slots"]:
+            if int(first) <= slot <= int(last[0] if last else first):
+                return fields["node_id"]
+    return None
 
 
 def _migrate_auth(connection) -> list:

@@ -11,7 +11,15 @@ from django.core.management import CommandError, call_command
 from eventbus import publish_events
 from eventbus.delivery import streams_for
 from eventbus.keys import JobKeys, shard_count
-from eventbus.placement import ShardPlacement, is_balanced, move_slot, placement, plan
+from eventbus.placement import (
+    ShardPlacement,
+    _owner_in_view,
+    _settle,
+    is_balanced,
+    move_slot,
+    placement,
+    plan,
+)
 from eventbus.redis import get_redis
 from eventbus.router import Router
 
@@ -137,3 +145,23 @@ def test_the_bus_follows_a_slot_moved_behind_its_back(own_cluster):
         assert history_seqs(cluster, domain, job) == [10, 11]
     assert client.get_node_from_key(stream).name == target  # followed
     assert pending(cluster, stream) == 0
+
+
+def test_a_slot_whose_masters_redirect_to_each_other_is_claimed_by_its_new_owner(own_cluster):
+    """The source hands the slot over, but the target gave it back on a stale heartbeat of the
+    source (the cluster's epochs still converging): each names the other, and nobody claims the
+    slot. The move's last step makes the target claim it with a new epoch."""
+    servers, cluster = own_cluster
+    key = JobKeys("scan", "disputed").state
+    slot = cluster.keyslot(key)
+    source = cluster.get_node_from_key(key)
+    target = next(node for node in cluster.get_primaries() if node.name != source.name)
+    target_id = target.redis_connection.execute_command("CLUSTER MYID")
+    source.redis_connection.execute_command("CLUSTER SETSLOT", slot, "NODE", target_id)
+    assert _owner_in_view(target, slot) != _owner_in_view(source, slot)  # in dispute
+
+    _settle(cluster.get_primaries(), slot, target, target_id.decode())
+    assert {_owner_in_view(node, slot) for node in cluster.get_primaries()} == {target_id.decode()}
+    cluster.nodes_manager.initialize()
+    cluster.set(key, "readable")  # no redirect loop
+    assert target.redis_connection.get(key) == b"readable"
