@@ -48,10 +48,14 @@ async def read_backfills(client, asks: list[tuple[str, str, int]]) -> list[Backf
         for domain, job_id, after in asks:
             keys = JobKeys(domain, job_id)
             pipe.zrangebyscore(keys.history, f"({after}", "+inf")
-            pipe.get(keys.applied)
-            pipe.get(keys.state)
+            # One command for both: they share the job's hash tag (one slot on a cluster), and
+            # each command costs the client and Redis more than its keys do. (redis-py refuses
+            # pipe.mget on a cluster pipeline, whatever the keys' slots.)
+            pipe.execute_command("MGET", keys.applied, keys.state)
         replies = await pipe.execute()
-    return [_backfill(*reply) for reply in zip(replies[0::3], replies[1::3], replies[2::3])]
+    return [
+        _backfill(raws, *applied_and_state) for raws, applied_and_state in zip(replies[0::2], replies[1::2])
+    ]
 
 
 def _backfill(raws, applied, state) -> Backfill | ValueError:

@@ -15,6 +15,7 @@ on its new master, then resynced.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import weakref
@@ -191,6 +192,12 @@ class _SharedRead:
             self.result.set_exception(exc)
             self.result.exception()  # retrieved here: its askers may all have left
 
+    def history_after(self, after: int, history: History) -> History:
+        """The read's history for an asker whose last seq is `after` (others asked from lower)."""
+        if self.after == after:
+            return history
+        return History([f for f in history.frames if f.seq > after], history.applied, history.latest)
+
 
 class Hub:
     def __init__(self):
@@ -241,6 +248,11 @@ class Hub:
         reads in one round trip: after a Redis blip every socket of the process resyncs at once,
         and 5,000 sockets on 1,000 jobs cost ten round trips, not 5,000. A read joins only one
         not yet sent, so it never misses an event published before it asked."""
+        shared = self._ask(channel, domain, job_id, after)
+        return shared.history_after(after, await asyncio.shield(shared.result))
+
+    def _ask(self, channel: str, domain: str, job_id: str, after: int) -> _SharedRead:
+        """The read of the job's history not yet sent, joined or made, and a task to send it."""
         shared = self._reads_waiting.get(channel)
         if shared is None:
             shared = self._reads_waiting[channel] = _SharedRead(domain, job_id, after)
@@ -250,10 +262,7 @@ class Hub:
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
         shared.after = min(shared.after, after)
-        history = await asyncio.shield(shared.result)
-        if shared.after == after:
-            return history
-        return History([f for f in history.frames if f.seq > after], history.applied, history.latest)
+        return shared
 
     async def _send_reads(self) -> None:
         """Send the reads waiting, READ_BATCH a round trip, until none wait (one of at most
@@ -355,8 +364,8 @@ class Hub:
     def _resync(self, channels) -> None:
         """What was published while a line was away is in the history: each job's live
         listeners share one read of it (itself batched with other jobs'), and a listener that
-        is catching up reads it again on its own."""
-        loop = asyncio.get_running_loop()
+        is catching up reads it again on its own. The reads' results are handed over in
+        callbacks, not a task per job: after a blip, thousands of jobs resync at once."""
         for channel in list(channels):
             live = []
             for listener in list(self._listeners.get(channel, ())):
@@ -365,17 +374,16 @@ class Hub:
                 else:
                     listener.resync()
             if live:
-                task = loop.create_task(self._resync_live(channel, live))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+                after = min(listener.last_sent for listener in live)
+                shared = self._ask(channel, live[0].domain, live[0].job_id, after)
+                shared.result.add_done_callback(
+                    functools.partial(self._resynced, channel, live, after, shared)
+                )
 
-    async def _resync_live(self, channel: str, listeners: list[Listener]) -> None:
-        first = listeners[0]
-        try:
-            history = await self.backfill(
-                channel, first.domain, first.job_id, after=min(listener.last_sent for listener in listeners)
-            )
-        except Exception as exc:
+    @staticmethod
+    def _resynced(channel: str, listeners: list[Listener], after: int, shared: _SharedRead, result) -> None:
+        exc = result.exception()
+        if exc is not None:
             # Redis away again, or a history that cannot be read: each listener tries on its own
             # (with retries, or its failure).
             logger.info(
@@ -384,6 +392,7 @@ class Hub:
             for listener in listeners:
                 listener.resync()
             return
+        history = shared.history_after(after, result.result())
         for listener in listeners:
             listener.resynced(history)
 
