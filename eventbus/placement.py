@@ -29,6 +29,10 @@ SETTLE_TIMEOUT = 15.0  # seconds for every master to name a moved slot's new own
 CLAIM_AGAIN_AFTER = 1.0  # seconds of disagreement before the target claims the slot again
 
 
+class SlotInDispute(RuntimeError):
+    """A moved slot whose masters still name different owners after SETTLE_TIMEOUT."""
+
+
 @dataclass(frozen=True, slots=True)
 class Group:
     name: str
@@ -230,8 +234,9 @@ def _settle(masters, slot: int, target, target_id: str) -> None:
             return
         now = time.monotonic()
         if now > deadline:
-            raise RuntimeError(
-                f"slot {slot} moved to {target.name}, but the masters still disagree: {owners}"
+            raise SlotInDispute(
+                f"slot {slot} moved to {target.name}, but the masters still name different owners after "
+                f"{SETTLE_TIMEOUT:g} s: {owners}; check the cluster (redis-cli --cluster check)"
             )
         if now >= claim_at:
             logger.warning(

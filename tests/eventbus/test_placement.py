@@ -8,11 +8,13 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
+from eventbus import placement as placement_module
 from eventbus import publish_events
 from eventbus.delivery import streams_for
 from eventbus.keys import JobKeys, shard_count
 from eventbus.placement import (
     ShardPlacement,
+    SlotInDispute,
     _owner_in_view,
     _settle,
     is_balanced,
@@ -147,21 +149,39 @@ def test_the_bus_follows_a_slot_moved_behind_its_back(own_cluster):
     assert pending(cluster, stream) == 0
 
 
-def test_a_slot_whose_masters_redirect_to_each_other_is_claimed_by_its_new_owner(own_cluster):
-    """The source hands the slot over, but the target gave it back on a stale heartbeat of the
-    source (the cluster's epochs still converging): each names the other, and nobody claims the
-    slot. The move's last step makes the target claim it with a new epoch."""
-    servers, cluster = own_cluster
+def disputed_slot(cluster):
+    """A slot its owner handed to another master that never took it: each names the other, and
+    nobody claims it (what a stale heartbeat of the old owner leaves after a move).
+    (key in the slot, slot, the master it was handed to, that master's id)."""
     key = JobKeys("scan", "disputed").state
     slot = cluster.keyslot(key)
     source = cluster.get_node_from_key(key)
     target = next(node for node in cluster.get_primaries() if node.name != source.name)
-    target_id = target.redis_connection.execute_command("CLUSTER MYID")
+    target_id = target.redis_connection.execute_command("CLUSTER MYID").decode()
     source.redis_connection.execute_command("CLUSTER SETSLOT", slot, "NODE", target_id)
     assert _owner_in_view(target, slot) != _owner_in_view(source, slot)  # in dispute
+    return key, slot, target, target_id
 
-    _settle(cluster.get_primaries(), slot, target, target_id.decode())
-    assert {_owner_in_view(node, slot) for node in cluster.get_primaries()} == {target_id.decode()}
+
+def test_a_slot_whose_masters_redirect_to_each_other_is_claimed_by_its_new_owner(own_cluster):
+    """The move's last step makes the target claim a slot in dispute with a new epoch."""
+    servers, cluster = own_cluster
+    key, slot, target, target_id = disputed_slot(cluster)
+
+    _settle(cluster.get_primaries(), slot, target, target_id)
+    assert {_owner_in_view(node, slot) for node in cluster.get_primaries()} == {target_id}
     cluster.nodes_manager.initialize()
     cluster.set(key, "readable")  # no redirect loop
     assert target.redis_connection.get(key) == b"readable"
+
+
+def test_a_slot_left_in_dispute_is_a_clear_error(own_cluster, monkeypatch):
+    """Were the target's claim not to end the dispute, the move says so, not a redirect loop."""
+    servers, cluster = own_cluster
+    key, slot, target, target_id = disputed_slot(cluster)
+    monkeypatch.setattr(placement_module, "CLAIM_AGAIN_AFTER", 60.0)  # no claim in time
+    monkeypatch.setattr(placement_module, "SETTLE_TIMEOUT", 0.5)
+    with pytest.raises(
+        SlotInDispute, match=f"slot {slot} moved to {target.name}, but the masters still name"
+    ):
+        _settle(cluster.get_primaries(), slot, target, target_id)
