@@ -37,26 +37,46 @@ class SentinelGroup:
         self.master.start()
         self.replica.args = (*self.replica.args, "--replicaof", "127.0.0.1", str(self.master.port))
         self.replica.start()
-        for index, port in enumerate(self.sentinel_ports):
-            directory = self.root / f"sentinel-{index}"
-            directory.mkdir()
-            conf = directory / "sentinel.conf"
-            conf.write_text(
-                f"port {port}\nbind 127.0.0.1\ndir {directory}\n"
-                f"logfile {directory / 'sentinel.log'}\n"
-                f"sentinel monitor {MASTER_NAME} 127.0.0.1 {self.master.port} {self.quorum}\n"
-                f"sentinel down-after-milliseconds {MASTER_NAME} 1000\n"
-                f"sentinel failover-timeout {MASTER_NAME} 5000\n"
-            )
-            self.sentinels.append(
-                subprocess.Popen(
-                    [find_redis_server(), str(conf), "--sentinel"],
-                    start_new_session=True,
-                    stdout=subprocess.DEVNULL,
-                )
-            )
-        self.wait(self._all_know_each_other, "the sentinels to find the replica and each other")
+        for index in range(len(self.sentinel_ports)):
+            self.sentinels.append(self._start_sentinel(index))
+        try:
+            self.wait(self._all_know_each_other, "the sentinels to find the replica and each other")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{self._diagnosis()}") from None
         return self
+
+    def _start_sentinel(self, index: int) -> subprocess.Popen:
+        directory = self.root / f"sentinel-{index}"
+        directory.mkdir(exist_ok=True)
+        (directory / "sentinel.conf").write_text(
+            f"port {self.sentinel_ports[index]}\nbind 127.0.0.1\ndir {directory}\n"
+            f"logfile {directory / 'sentinel.log'}\n"
+            f"sentinel monitor {MASTER_NAME} 127.0.0.1 {self.master.port} {self.quorum}\n"
+            f"sentinel down-after-milliseconds {MASTER_NAME} 1000\n"
+            f"sentinel failover-timeout {MASTER_NAME} 5000\n"
+        )
+        return subprocess.Popen(
+            [find_redis_server(), str(directory / "sentinel.conf"), "--sentinel"],
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+        )
+
+    def _restart_exited(self) -> None:
+        """A sentinel that exited at start lost its port (free_port() chose it, and another
+        process bound it before the sentinel did): it starts again on another."""
+        for index, process in enumerate(self.sentinels):
+            if process.poll() is not None:
+                self.sentinel_ports[index] = free_port()
+                self.sentinels[index] = self._start_sentinel(index)
+
+    def _diagnosis(self) -> str:
+        lines = []
+        for index, process in enumerate(self.sentinels):
+            log = self.root / f"sentinel-{index}" / "sentinel.log"
+            tail = log.read_text().splitlines()[-8:] if log.exists() else []
+            lines.append(f"sentinel {index} on :{self.sentinel_ports[index]}, exit code {process.poll()}:")
+            lines.extend(f"  {line}" for line in tail)
+        return "\n".join(lines)
 
     @property
     def servers(self) -> list[RedisServer]:
@@ -89,6 +109,7 @@ class SentinelGroup:
         process.send_signal(signal.SIGCONT)
 
     def _all_know_each_other(self) -> bool:
+        self._restart_exited()
         for index in range(len(self.sentinel_ports)):
             try:
                 with self.sentinel(index) as client:
