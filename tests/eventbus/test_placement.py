@@ -185,3 +185,14 @@ def test_a_slot_left_in_dispute_is_a_clear_error(own_cluster, monkeypatch):
         SlotInDispute, match=f"slot {slot} moved to {target.name}, but the masters still name"
     ):
         _settle(cluster.get_primaries(), slot, target, target_id)
+
+
+def test_balance_reports_a_slot_left_in_dispute_as_a_command_error(cluster, monkeypatch):
+    from eventbus.management.commands import eventbus_shards
+
+    def disputed(client, domains=None, *, dry_run=False):
+        raise SlotInDispute("slot 16144 moved to 127.0.0.1:1, but the masters still name different owners")
+
+    monkeypatch.setattr(eventbus_shards, "balance", disputed)  # the move itself: tests above
+    with pytest.raises(CommandError, match="slot 16144 moved to 127.0.0.1:1, but the masters still name"):
+        shards_command("--balance")
