@@ -34,15 +34,21 @@ class SentinelGroup:
         return f"redis+sentinel://{hosts}/{MASTER_NAME}/0"
 
     def start(self) -> SentinelGroup:
-        self.master.start()
-        self.replica.args = (*self.replica.args, "--replicaof", "127.0.0.1", str(self.master.port))
-        self.replica.start()
-        for index in range(len(self.sentinel_ports)):
-            self.sentinels.append(self._start_sentinel(index))
+        # A group that does not come up is stopped: a session fixture's failed setup has no
+        # teardown, and its servers would outlive the test run.
         try:
-            self.wait(self._all_know_each_other, "the sentinels to find the replica and each other")
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}\n{self._diagnosis()}") from None
+            self.master.start()
+            self.replica.args = (*self.replica.args, "--replicaof", "127.0.0.1", str(self.master.port))
+            self.replica.start()
+            for index in range(len(self.sentinel_ports)):
+                self.sentinels.append(self._start_sentinel(index))
+            try:
+                self.wait(self._all_know_each_other, "the sentinels to find the replica and each other")
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}\n{self._diagnosis()}") from None
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def _start_sentinel(self, index: int) -> subprocess.Popen:
