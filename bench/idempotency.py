@@ -10,7 +10,8 @@ for the project's ASGI server) with bench/settings.py, and drives the jobs creat
 
     baseline     /bench/baseline/  the same view without any idempotency layer
     ours:first   /api/jobs/        our middleware, every request a new key
-    ours:replay  /api/jobs/        replays of keys ours completed (CachedStore: from Redis)
+    ours:replay  /api/jobs/        replays of keys ours completed (CachedStore: from Redis;
+                                   --store database: from PostgreSQL)
     drf-idem:*   /bench/drf-idem/  drf-idempotency, first requests and replays
     dik:*        /bench/dik/       django-idempotency-key, first requests and replays
 
@@ -482,6 +483,12 @@ def main() -> int:
         action="store_true",
         help="Django's psycopg connection pool (DATABASES OPTIONS pool) instead of persistent connections",
     )
+    parser.add_argument(
+        "--store",
+        choices=("cached", "database"),
+        default="cached",
+        help="our store: the project's CachedStore (replays from Redis) or the DatabaseStore alone",
+    )
     parser.add_argument("--only", help="comma-separated scenario names (profiling); no report")
     parser.add_argument("--no-report", action="store_true", help="do not write bench/REPORT-idempotency.md")
     args = parser.parse_args()
@@ -516,6 +523,8 @@ def main() -> int:
         }
         if args.pool:
             env["BENCH_POOL"] = "1"
+        if args.store == "database":
+            env["BENCH_STORE"] = "idempotency.stores.db.DatabaseStore"
         if args.server == "daphne" or args.workers == 1:
             env["BENCH_ONE_PROCESS"] = "1"  # django-idempotency-key's in-process lock suffices
         os.environ.update({k: env[k] for k in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "REDIS_URL")})
@@ -525,6 +534,8 @@ def main() -> int:
         server.description += (
             ", psycopg connection pool" if args.pool else ", persistent connections (CONN_MAX_AGE)"
         )
+        if args.store == "database":
+            server.description += "; ours with the DatabaseStore alone (no replay cache)"
         print(f"database {db.version} ({db.name}), redis {redis_server.url}, {server.description} on :{port}")
         server.start()
         assert redis_server.process is not None

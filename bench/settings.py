@@ -22,7 +22,15 @@ REDIS_URL (its private Redis).
 import os
 
 from config.settings.base import *  # noqa: F401,F403
-from config.settings.base import CACHES, DATABASES, INSTALLED_APPS, MIDDLEWARE, REDIS_URL, redis_cache
+from config.settings.base import (
+    CACHES,
+    DATABASES,
+    IDEMPOTENCY,
+    INSTALLED_APPS,
+    MIDDLEWARE,
+    REDIS_URL,
+    redis_cache,
+)
 
 DEBUG = False
 SECRET_KEY = "bench-only-key-not-a-secret"
@@ -39,6 +47,10 @@ DATABASES["default"]["CONN_MAX_AGE"] = 0 if os.environ.get("BENCH_SERVER") == "d
 if os.environ.get("BENCH_POOL"):
     DATABASES["default"]["CONN_MAX_AGE"] = 0
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = True
+
+# bench/idempotency.py --store database (BENCH_STORE set): our layer without its replay cache.
+if os.environ.get("BENCH_STORE"):
+    IDEMPOTENCY = {**IDEMPOTENCY, "STORE": os.environ["BENCH_STORE"]}
 
 INSTALLED_APPS = [*INSTALLED_APPS, "drf_idempotency"]
 
