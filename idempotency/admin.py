@@ -1,3 +1,11 @@
+"""The admin of idempotency records and operations: read-only views, and two actions on keys.
+
+Each action declares the model permission it needs (Django then neither offers it nor runs a
+forged POST of it without that permission): evicting a key deletes its record, so it needs
+`delete`; expiring one changes it, so `change`. Either makes the owner's next retry execute
+the view again, which a member who may only view the records must not be able to cause.
+"""
+
 import json
 
 from django.contrib import admin, messages
@@ -35,7 +43,7 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):
         headers = "\n".join(f"{name}: {value}" for name, value in record.response_headers)
         return format_html("<pre>HTTP {}\n{}\n\n{}</pre>", record.response_status, headers, text)
 
-    @admin.action(description="Expire the selected keys now (a retry executes again)")
+    @admin.action(permissions=["change"], description="Expire the selected keys now (a retry executes again)")
     def expire_now(self, request, queryset):
         store = idempotency_settings.STORE()
         pairs = list(queryset.values_list("scope", "key"))
@@ -44,7 +52,9 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):
             store.forget(scope=scope, key=key)
         self.message_user(request, f"Expired {len(pairs)} key(s).", messages.SUCCESS)
 
-    @admin.action(description="Evict the selected keys (delete them and their cached answers)")
+    @admin.action(
+        permissions=["delete"], description="Evict the selected keys (delete them and their cached answers)"
+    )
     def evict(self, request, queryset):
         store = idempotency_settings.STORE()
         pairs = list(queryset.values_list("scope", "key"))
