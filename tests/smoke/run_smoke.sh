@@ -2,8 +2,9 @@
 # The installed-toolkit smoke test (SPEC §10; `make smoke`, run by .ci/run). It builds the wheel,
 # installs it into a fresh virtualenv in a temporary directory outside the repository, makes a
 # new `django-admin startproject` project there with the README's settings lines and an app of
-# its own (tests/smoke/shop), and runs that project end to end: Redis, a Celery worker,
-# run_router and daphne (tests/smoke/smoke.py). Nothing is imported from the checkout.
+# its own (tests/smoke/shop), and runs that project end to end with the README's commands:
+# Redis, a Celery worker, run_router, run_reclaimer, collectstatic and daphne with DEBUG off, then
+# runserver with DEBUG on (tests/smoke/smoke.py). Nothing is imported from the checkout.
 #
 # Environment:
 #   PYTHON              builds the wheel and makes the virtualenv (default: .venv/bin/python)
@@ -61,11 +62,18 @@ if [ "${SMOKE_PINS:-1}" != 0 ]; then
     # The demo's tested pins, as constraints (pip refuses extras there: `redis[hiredis]` -> `redis`).
     sed -E 's/\[[^]]*\]//' "$REPO/requirements.txt" > "$WORK/constraints.txt"
     grep -E '^websockets==' "$REPO/requirements-dev.txt" >> "$WORK/constraints.txt"
+    # The README's install line's whitenoise: the project's choice, in no requirements file.
+    echo "whitenoise==6.12.0" >> "$WORK/constraints.txt"
     CONSTRAINTS=(-c "$WORK/constraints.txt")
 fi
-say "installing $(basename "$WHEEL") into a fresh virtualenv (${WORK}/venv)"
-timeout 600 "$VPY" -m pip install --quiet ${CONSTRAINTS[@]+"${CONSTRAINTS[@]}"} "$WHEEL" websockets \
-    || fail "installing the wheel"
+# What the README's install line adds to the toolkit (whitenoise), installed with it.
+EXTRAS_TEXT="$("$VPY" "$WORK/smoke/smoke.py" requirements "$REPO/README.md")" \
+    || fail "reading the README's install line"
+README_EXTRAS=()
+[ -z "$EXTRAS_TEXT" ] || mapfile -t README_EXTRAS <<< "$EXTRAS_TEXT"
+say "installing $(basename "$WHEEL") ${README_EXTRAS[*]} into a fresh virtualenv (${WORK}/venv)"
+timeout 600 "$VPY" -m pip install --quiet ${CONSTRAINTS[@]+"${CONSTRAINTS[@]}"} "$WHEEL" \
+    ${README_EXTRAS[@]+"${README_EXTRAS[@]}"} websockets || fail "installing the wheel"
 
 # 3. A new project, as `django-admin startproject` makes it, plus the README's lines and shop.
 (cd "$WORK/project" && "$WORK/venv/bin/django-admin" startproject smokeproj .)

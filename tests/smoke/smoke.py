@@ -5,16 +5,22 @@ wheel (and `websockets`, for the WebSocket client) was installed, so every impor
 `idempotency`, `eventbus` or `gateway` comes from the wheel. Subcommands:
 
     smoke.py wheel WHEEL              the wheel ships the apps' data files, and no demo code
+    smoke.py requirements README      print what the README's pip line installs besides the
+                                      toolkit, one per line (run_smoke.sh installs those too)
     smoke.py project README DIR       write the README's settings lines into the startproject
                                       project in DIR, then add the project's own app `shop`
     smoke.py run DIR                  start Redis, a Celery worker, run_router and daphne for
                                       that project, and check it end to end
 
-`run` checks that a keyed POST to the project's own DRF view runs once and its retry replays,
-and that a job of the project's own type runs through the worker and the router to a WebSocket
-client, which gets each of its events once, in seq order, ending with the final one. It stops
-every process it started, whatever happens, and exits 1 with the reason and the processes'
-logs on failure.
+`run` runs the README's commands: the production ones (collectstatic, daphne with DEBUG off)
+with the worker, the router and the reclaimer, then the development server (runserver with
+DEBUG on). It checks that a keyed POST to the project's own DRF view runs once and its retry
+replays; that a job of the project's own type runs through the worker and the router to a
+WebSocket client, which gets each of its events once, in seq order, ending with the final one;
+and, under both servers, that every script, style sheet and icon the page, its login page and
+the admin's login page reference answers 200 with its content type, and the job's socket
+replays its events. It stops every process it started, whatever happens, and exits 1 with the
+reason and the processes' logs on failure.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -32,13 +39,24 @@ import urllib.error
 import urllib.request
 import uuid
 import zipfile
+from html.parser import HTMLParser
 from pathlib import Path
 
 PROJECT = "smokeproj"
 HERE = Path(__file__).resolve().parent
-# The README's blocks CI runs: `<!-- smoke: append|write mysite/<file> -->` just above a fence.
+# The README's blocks CI runs: `<!-- smoke: append|write mysite/<file> -->` just above a fence
+# (or shop/<file>: the project's own app, which the README's examples call `shop`).
 README_BLOCK = re.compile(r"<!-- smoke: (append|write) (\S+) -->\s*\n```[a-z]*\n(.*?)\n```", re.DOTALL)
 README_FILES = {"settings.py", "urls.py", "asgi.py", "celery.py", "__init__.py"}
+README_SHOP_FILES = {"views.py"}
+# Its commands: `<!-- smoke: install -->` (the pip line) and `<!-- smoke: run development|production -->`,
+# each run block's lines keyed by what they start (a manage.py command's name, else the program).
+README_COMMANDS = re.compile(r"<!-- smoke: (install|run \w+) -->\s*\n```sh\n(.*?)\n```", re.DOTALL)
+README_RUNS = {
+    "run development": {"migrate", "runserver", "celery", "run_router", "run_reclaimer"},
+    "run production": {"collectstatic", "daphne"},
+}
+CHECKOUT = "/path/to/this/checkout"  # the README's placeholder for what run_smoke.sh built the wheel from
 # The Greet job of shop/jobs.py: (stage, seq) of each event, as the toolkit numbers them.
 EXPECTED_EVENTS = [("prepare", 10), ("write", 20), ("write", 21), ("write", 22), ("done", 51)]
 
@@ -85,15 +103,61 @@ def check_wheel(wheel: Path) -> None:
 # -- project -------------------------------------------------------------------------------
 
 
+def readme_commands(readme: Path) -> dict[str, list[str]]:
+    """The README's tagged shell blocks: {"install": [line], "run development": [line, ...], ...},
+    comments and blank lines dropped."""
+    blocks: dict[str, list[str]] = {}
+    for tag, code in README_COMMANDS.findall(readme.read_text()):
+        check(tag not in blocks, f"README.md has two <!-- smoke: {tag} --> blocks")
+        lines = [line.split("#", 1)[0].strip() for line in code.splitlines()]
+        blocks[tag] = [line for line in lines if line]
+    check(
+        blocks.keys() == {"install", *README_RUNS},
+        f"README.md's <!-- smoke: install|run ... --> blocks are {sorted(blocks)}, "
+        f"not {sorted({'install', *README_RUNS})}",
+    )
+    return blocks
+
+
+def readme_requirements(readme: Path) -> list[str]:
+    """What the README's pip line installs besides the toolkit itself."""
+    (line,) = readme_commands(readme)["install"]
+    words = shlex.split(line)
+    check(words[:2] == ["pip", "install"] and CHECKOUT in words, f"the README's install line: {line!r}")
+    return [word for word in words[2:] if word != CHECKOUT]
+
+
+def run_commands(readme: Path) -> dict[str, list[str]]:
+    """The README's run commands, for this project, keyed by what they run (`migrate`, `daphne`...)."""
+    commands: dict[str, list[str]] = {}
+    for tag, expected in README_RUNS.items():
+        keyed = {}
+        for line in readme_commands(readme)[tag]:
+            argv = shlex.split(line.replace("mysite", PROJECT))
+            keyed[argv[2] if argv[:2] == ["python", "manage.py"] else argv[0]] = argv
+        check(
+            keyed.keys() == expected, f"README.md's {tag} block runs {sorted(keyed)}, not {sorted(expected)}"
+        )
+        commands.update(keyed)
+    return commands
+
+
 def write_project(readme: Path, root: Path) -> None:
     """What a team does after `django-admin startproject`: the README's lines, then its own app."""
+    (root / "readme_commands.json").write_text(json.dumps(run_commands(readme)))
     blocks = README_BLOCK.findall(readme.read_text())
-    covered = {path.split("/", 1)[1] for _, path, _ in blocks if path.startswith("mysite/")}
+    for app, files in (("mysite", README_FILES), ("shop", README_SHOP_FILES)):
+        covered = {path.split("/", 1)[1] for _, path, _ in blocks if path.startswith(f"{app}/")}
+        check(
+            covered >= files,
+            f"README.md has no <!-- smoke: ... {app}/X --> block for {sorted(files - covered)} "
+            "(the 'Use it in your project' section)",
+        )
     check(
-        covered >= README_FILES,
-        f"README.md has no <!-- smoke: ... mysite/X --> block for {sorted(README_FILES - covered)} "
-        "(the 'Use it in your project' section)",
+        all(path.split("/")[0] in ("mysite", "shop") for _, path, _ in blocks),
+        f"a README block for a file of neither mysite nor shop: {[path for _, path, _ in blocks]}",
     )
+    shutil.copytree(HERE / "shop", root / "shop", ignore=shutil.ignore_patterns("__pycache__"))
     for mode, path, code in blocks:
         target = root / path.replace("mysite", PROJECT, 1)
         code = code.replace("mysite", PROJECT) + "\n"
@@ -103,17 +167,23 @@ def write_project(readme: Path, root: Path) -> None:
             target.write_text(
                 target.read_text() + "\n\n# From the README's 'Use it in your project'.\n" + code
             )
-    # The project's own, beyond the README: its app, and SQLite waiting for its lock, as four
-    # processes (daphne, the worker, the router, this script) share the file.
+    # The project's own, beyond the README: its app; SQLite waiting for its lock, as several
+    # processes (the web servers, the worker, the router, the reclaimer, this script) share the
+    # file; DEBUG off with ALLOWED_HOSTS, as in production, unless SMOKE_DEBUG=1 (the development
+    # server's run, which keeps startproject's DEBUG = True and ALLOWED_HOSTS = []).
     (root / PROJECT / "settings.py").write_text(
         (root / PROJECT / "settings.py").read_text()
-        + '\n\n# The smoke project\'s own.\nINSTALLED_APPS += ["shop"]\nDATABASES["default"]["OPTIONS"] = {"timeout": 20}\n'
+        + "\n\n# The smoke project's own.\n"
+        + 'INSTALLED_APPS += ["shop"]\n'
+        + 'DATABASES["default"]["OPTIONS"] = {"timeout": 20}\n'
+        + 'if os.environ.get("SMOKE_DEBUG") != "1":\n'
+        + "    DEBUG = False\n"
+        + '    ALLOWED_HOSTS = ["127.0.0.1", "localhost"]\n'
     )
     (root / PROJECT / "urls.py").write_text(
         (root / PROJECT / "urls.py").read_text()
         + '\n\n# The smoke project\'s own.\nurlpatterns += [path("shop/", include("shop.urls"))]\n'
     )
-    shutil.copytree(HERE / "shop", root / "shop", ignore=shutil.ignore_patterns("__pycache__"))
     say(f"project {PROJECT} written from README.md ({len(blocks)} blocks) plus the app shop")
 
 
@@ -134,13 +204,13 @@ class Stack:
         self.root, self.env = root, env
         self.processes: list[tuple[str, subprocess.Popen, Path]] = []
 
-    def start(self, name: str, *command: str) -> subprocess.Popen:
+    def start(self, name: str, *command: str, env: dict | None = None) -> subprocess.Popen:
         log_path = self.root / f"{name}.log"
         with open(log_path, "wb") as log:
             process = subprocess.Popen(
                 command,
                 cwd=self.root,
-                env=self.env,
+                env=env or self.env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -228,8 +298,13 @@ def http(
 
 
 def manage(root: Path, env: dict, *args: str, until: float) -> str:
+    return run_once([sys.executable, "manage.py", *args], root, env, until=until)
+
+
+def run_once(argv: list[str], root: Path, env: dict, *, until: float) -> str:
+    """A command run to its end, which must succeed; its output."""
     result = subprocess.run(
-        [sys.executable, "manage.py", *args],
+        argv,
         check=False,
         cwd=root,
         env=env,
@@ -237,7 +312,7 @@ def manage(root: Path, env: dict, *args: str, until: float) -> str:
         text=True,
         timeout=max(1, until - time.monotonic()),
     )
-    check(result.returncode == 0, f"manage.py {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+    check(result.returncode == 0, f"{shlex.join(argv)} failed:\n{result.stdout}\n{result.stderr}")
     return result.stdout
 
 
@@ -283,29 +358,36 @@ def order_count() -> int:
 
 def check_idempotency(base: str, token: str) -> None:
     key = f"smoke-order-{uuid.uuid4()}"
-    status, _, body = http("POST", f"{base}/shop/orders/", token=token, body={"item": "book"})
+    status, _, body = http("POST", f"{base}/shop/orders/", token=token, body={"sku": "A1"})
     check(status == 400, f"a POST without a key to a 'required' view got {status}, not 400: {body}")
-    first = http("POST", f"{base}/shop/orders/", token=token, body={"item": "book"}, key=key)
+    first = http("POST", f"{base}/shop/orders/", token=token, body={"sku": "A1"}, key=key)
     check(first[0] == 201, f"the keyed POST got {first[0]}: {first[2]}")
     check(first[1].get("Idempotent-Replayed") is None, "the first POST was marked replayed")
-    again = http("POST", f"{base}/shop/orders/", token=token, body={"item": "book"}, key=key)
+    again = http("POST", f"{base}/shop/orders/", token=token, body={"sku": "A1"}, key=key)
     check(again[0] == 201 and again[2] == first[2], f"the retry got {again[0]} {again[2]}, not {first[2]}")
     check(again[1].get("Idempotent-Replayed") == "true", "the retry has no 'Idempotent-Replayed: true'")
     check(order_count() == 1, f"{order_count()} orders after a POST and its retry, not 1")
-    other = http("POST", f"{base}/shop/orders/", token=token, body={"item": "pen"}, key=key)
+    other = http("POST", f"{base}/shop/orders/", token=token, body={"sku": "B2"}, key=key)
     check(other[0] == 422, f"the same key with another body got {other[0]}, not 422")
-    say("idempotency: the keyed POST ran once, its retry replayed (Idempotent-Replayed: true), one row")
+    say(
+        "idempotency: the README's OrderCreate ran once for a keyed POST, its retry replayed "
+        "(Idempotent-Replayed: true), one row"
+    )
 
 
 def watch_job(ws_url: str, cookie: str, origin: str, until: float) -> list[dict]:
     """Every frame of the job's socket until its final event, then a second more for strays."""
-    from websockets.exceptions import ConnectionClosed
+    from websockets.exceptions import ConnectionClosed, InvalidHandshake
     from websockets.sync.client import connect
 
     frames: list[dict] = []
-    with connect(
-        f"{ws_url}?last_seq=0", origin=origin, additional_headers={"Cookie": cookie}, open_timeout=10
-    ) as socket_:
+    try:
+        opened = connect(
+            f"{ws_url}?last_seq=0", origin=origin, additional_headers={"Cookie": cookie}, open_timeout=10
+        )
+    except InvalidHandshake as refused:  # e.g. a 404 from a server that speaks no WebSocket
+        raise SmokeFailure(f"the WebSocket handshake to {ws_url} failed: {refused}") from None
+    with opened as socket_:
         final_at = None
         while True:
             now = time.monotonic()
@@ -325,7 +407,21 @@ def watch_job(ws_url: str, cookie: str, origin: str, until: float) -> list[dict]
     return frames
 
 
-def check_job(base: str, token: str, cookie: str, until: float) -> None:
+def check_events(frames: list[dict]) -> list[int]:
+    """The job's socket got each of its events once, in seq order, ending with the final one."""
+    others = [f for f in frames if f.get("type") != "event"]
+    check(not others, f"frames other than events: {others}")
+    got = [(f["stage"], f["seq"]) for f in frames]
+    check(got == EXPECTED_EVENTS, f"the socket got {got}, not {EXPECTED_EVENTS} (each once, in seq order)")
+    final = frames[-1]["data"]
+    check(
+        final.get("state") == "COMPLETED" and final.get("text") == "hello smoke", f"the final event: {final}"
+    )
+    return [seq for _, seq in got]
+
+
+def check_job(base: str, token: str, cookie: str, until: float) -> str:
+    """A job of the project's own type, watched to its end; its id."""
     status, _, body = http(
         "POST",
         f"{base}/api/jobs/",
@@ -357,43 +453,80 @@ def check_job(base: str, token: str, cookie: str, until: float) -> None:
     check(jobs == 1, f"{jobs} greet jobs (Operations) after a POST and its retry, not 1")
     say(f"job {job['job_id']} accepted ({job['domain']}); watching {job['ws_url']}")
     frames = watch_job(job["ws_url"], cookie, base, until)
-    others = [f for f in frames if f.get("type") != "event"]
-    check(not others, f"frames other than events: {others}")
-    got = [(f["stage"], f["seq"]) for f in frames]
-    check(got == EXPECTED_EVENTS, f"the socket got {got}, not {EXPECTED_EVENTS} (each once, in seq order)")
-    final = frames[-1]["data"]
-    check(
-        final.get("state") == "COMPLETED" and final.get("text") == "hello smoke", f"the final event: {final}"
-    )
+    seqs = check_events(frames)
 
     def completed():
         return http("GET", f"{base}/api/jobs/{job['job_id']}/", token=token)[2].get("state") == "COMPLETED"
 
     wait_for(completed, until=until, what="the job's state COMPLETED in GET /api/jobs/<id>/")
-    say(
-        f"job: {len(frames)} events over the WebSocket, each once, in seq order: {[seq for _, seq in got]}, "
-        f"final {final['state']} {final['text']!r}"
-    )
+    say(f"job: {len(frames)} events over the WebSocket, each once, in seq order: {seqs}, final COMPLETED")
+    return job["job_id"]
+
+
+class Assets(HTMLParser):
+    """The URLs of what a page makes the browser load: scripts, style sheets, icons, images."""
+
+    def __init__(self):
+        super().__init__()
+        self.urls: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        attributes = dict(attrs)
+        if tag in ("script", "img") and attributes.get("src"):
+            self.urls.append(attributes["src"])
+        elif tag == "link" and attributes.get("href") and attributes.get("rel") in ("stylesheet", "icon"):
+            self.urls.append(attributes["href"])
+
+
+# What a browser accepts for each kind of file: it refuses a script or style sheet served as
+# text/html (a 404 page), which leaves the page unstyled and its buttons dead.
+ASSET_TYPES = {
+    ".js": ("text/javascript", "application/javascript"),
+    ".css": ("text/css",),
+    ".svg": ("image/svg+xml",),
+    ".ico": ("image/x-icon", "image/vnd.microsoft.icon"),
+}
+
+
+def check_assets(base: str, page_path: str, *, cookie: str | None = None, must_have: tuple = ()) -> int:
+    """Every script, style sheet and icon the page at page_path references answers 200 with its
+    kind's content type; the number of them."""
+    status, _, page = http("GET", f"{base}{page_path}", cookie=cookie)
+    check(status == 200, f"{page_path} got {status}: {page[:2000]}")
+    parser = Assets()
+    parser.feed(page)
+    urls = parser.urls
+    for wanted in must_have:
+        check(any(wanted in url for url in urls), f"{page_path} references no {wanted}: {urls}")
+    wrong = []
+    for url in urls:
+        check(url.startswith("/"), f"{page_path} references {url}, not a path of this site")
+        status, headers, body = http("GET", f"{base}{url}", cookie=cookie)
+        content_type = headers.get("Content-Type", "").split(";")[0].strip()
+        expected = ASSET_TYPES.get(Path(url.split("?")[0]).suffix, (content_type,))
+        if not (status == 200 and content_type in expected and body):
+            wrong.append(f"{url} answered {status} {content_type!r}, not 200 {' or '.join(expected)}")
+    check(not wrong, f"what {base}{page_path} references:\n  " + "\n  ".join(wrong))
+    return len(urls)
 
 
 def check_page(base: str, cookie: str) -> None:
-    status, _, page = http("GET", f"{base}/", cookie=cookie)
-    check(status == 200 and "gateway/app.js" in page, f"the gateway's page got {status}: {page[:2000]}")
-    status, _, login = http("GET", f"{base}/accounts/login/")
-    check(status == 200 and "<form" in login, f"the login page got {status}: {login[:2000]}")
-    from django.contrib.staticfiles import finders
-
-    check(finders.find("gateway/app.js"), "gateway/app.js is not among the project's static files")
+    page_assets = check_assets(
+        base, "/", cookie=cookie, must_have=("gateway/app.js", "gateway/jobstream.js", "gateway/app.css")
+    )
+    login_assets = check_assets(base, "/accounts/login/", must_have=("gateway/app.css",))
+    admin_assets = check_assets(base, "/admin/login/", must_have=("admin/css/base.css",))
     say(
-        "the gateway's page and its login page render from the installed app's templates; "
-        "its static files are found"
+        f"the gateway's page, its login page and the admin's render; the {page_assets}, {login_assets} "
+        f"and {admin_assets} scripts, style sheets and icons they reference answer 200 with their types"
     )
 
 
 def run(root: Path, redis_server: str, timeout: float) -> None:
     until = time.monotonic() + timeout
     check_installed_from_wheel()
-    redis_port, web_port = free_port(), free_port()
+    commands = json.loads((root / "readme_commands.json").read_text())
+    redis_port, web_port, dev_port = free_port(), free_port(), free_port()
     bin_dir = str(Path(sys.executable).parent)
     env = {
         **os.environ,
@@ -405,6 +538,13 @@ def run(root: Path, redis_server: str, timeout: float) -> None:
     }
     os.environ.update({k: env[k] for k in ("PYTHONPATH", "DJANGO_SETTINGS_MODULE", "REDIS_URL")})
     sys.path.insert(0, str(root))
+
+    def readme(name: str, *own: str) -> list[str]:
+        """The README's command `name`, run from this virtualenv, with this test's own options."""
+        argv = commands[name]
+        program = sys.executable if argv[0] == "python" else os.path.join(bin_dir, argv[0])
+        return [program, *argv[1:], *own]
+
     stack = Stack(root, env)
     try:
         stack.start(
@@ -424,38 +564,34 @@ def run(root: Path, redis_server: str, timeout: float) -> None:
         wait_for(lambda: port_open(redis_port), until=until, what="redis-server", stack=stack)
         manage(root, env, "makemigrations", "shop", until=until)
         manage(root, env, "check", until=until)
-        manage(root, env, "migrate", "--no-input", until=until)
+        for name in ("migrate", "collectstatic"):
+            run_once(readme(name), root, env, until=until)
         token, cookie = users(root)
-        stack.start(
-            "worker",
-            os.path.join(bin_dir, "celery"),
-            "-A",
-            PROJECT,
-            "worker",
-            "-P",
-            "solo",
-            "--without-mingle",
-            "--without-gossip",
-            "-l",
-            "INFO",
-        )
-        stack.start("router", sys.executable, "manage.py", "run_router")
-        stack.start(
-            "daphne",
-            os.path.join(bin_dir, "daphne"),
-            "-b",
-            "127.0.0.1",
-            "-p",
-            str(web_port),
-            f"{PROJECT}.asgi:application",
-        )
+        # The worker in one process (solo) without the cluster chatter: all this run needs.
+        stack.start("worker", *readme("celery", "-P", "solo", "--without-mingle", "--without-gossip"))
+        stack.start("router", *readme("run_router"))
+        stack.start("reclaimer", *readme("run_reclaimer"))
+        stack.start("daphne", *readme("daphne", "-b", "127.0.0.1", "-p", str(web_port)))
         wait_for(lambda: port_open(web_port), until=until, what="daphne", stack=stack)
         base = f"http://127.0.0.1:{web_port}"
-        say(f"stack up: redis :{redis_port}, celery worker, run_router, daphne :{web_port}")
+        say(f"production: redis :{redis_port}, celery worker, run_router, run_reclaimer, daphne :{web_port}")
 
         check_idempotency(base, token)
-        check_job(base, token, cookie, until)
+        job_id = check_job(base, token, cookie, until)
         check_page(base, cookie)
+
+        # Development: runserver (daphne's, with DEBUG on) in place of daphne, same worker and router.
+        stack.start(
+            "runserver",
+            *readme("runserver", "--noreload", f"127.0.0.1:{dev_port}"),
+            env={**env, "SMOKE_DEBUG": "1"},
+        )
+        wait_for(lambda: port_open(dev_port), until=until, what="runserver", stack=stack)
+        dev = f"http://127.0.0.1:{dev_port}"
+        say(f"development: runserver :{dev_port} (DEBUG on)")
+        check_page(dev, cookie)
+        seqs = check_events(watch_job(f"ws://127.0.0.1:{dev_port}/ws/jobs/{job_id}/", cookie, dev, until))
+        say(f"runserver's WebSocket replays the job's events from seq 0: {seqs}")
         stack.check_alive()
     except BaseException:
         stack.stop()
@@ -474,6 +610,8 @@ def main(argv: list[str]) -> int:
     try:
         if argv[:1] == ["wheel"] and len(argv) == 2:
             check_wheel(Path(argv[1]))
+        elif argv[:1] == ["requirements"] and len(argv) == 2:
+            print("\n".join(readme_requirements(Path(argv[1]))))
         elif argv[:1] == ["project"] and len(argv) == 3:
             write_project(Path(argv[1]), Path(argv[2]))
         elif argv[:1] == ["run"] and len(argv) == 2:
