@@ -66,6 +66,12 @@ def event_json(head: str, prev_seq: int, stream_id: str) -> str:
     return f'{head},"prev_seq":{prev_seq},"stream_id":"{stream_id}"}}'
 
 
+# The largest seq: a JSON number every client reads exactly (JavaScript's safe integers). A longer
+# field would also reach int()'s digit limit, whose ValueError is not a reason anyone can read.
+MAX_SEQ = 2**53
+_MAX_SEQ_DIGITS = len(str(MAX_SEQ))
+
+
 class MalformedEntry(ValueError):
     """A stream entry the router cannot apply, ever: it goes to the dead letters with this reason."""
 
@@ -87,8 +93,8 @@ class RoutedEvent:
 
 def _int_field(fields: dict, name: bytes) -> int:
     raw = fields[name]
-    if not raw.isdigit():
-        raise MalformedEntry(f"{name.decode()} {raw[:40]!r} is not a non-negative integer")
+    if not raw.isdigit() or len(raw) > _MAX_SEQ_DIGITS or int(raw) > MAX_SEQ:
+        raise MalformedEntry(f"{name.decode()} {raw[:40]!r} is not a non-negative integer <= 2**53")
     return int(raw)
 
 
@@ -119,6 +125,8 @@ def parse_entry(domain: str, shard: int, stream_id: str, fields: dict[bytes, byt
         json.loads(data)
     except ValueError as exc:
         raise MalformedEntry(f"data is not JSON: {exc}") from None
+    except RecursionError:
+        raise MalformedEntry("data is not JSON: nested too deep") from None
     head = event_head(domain=domain, job_id=job_id, stage=stage, seq=seq, data_json=data)
     return RoutedEvent(keys, stream_id, seq, prev_seq, event_json(head, prev_seq, stream_id))
 

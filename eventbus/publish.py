@@ -26,7 +26,7 @@ from redis.exceptions import ResponseError
 
 from . import metrics
 from .conf import eventbus_settings
-from .entries import encode_data, event_head
+from .entries import MAX_SEQ, encode_data, event_head
 from .keys import JobKeys, UnknownDomain
 from .redis import get_redis, wait_replicas
 from .scripts import PUBLISH, CorruptKey, ScriptCall, run_pipelined  # noqa: F401 (CorruptKey, raised)
@@ -71,8 +71,8 @@ def _prepare(event: Event, previous: dict) -> tuple[ScriptCall, tuple[str, str]]
         raise InvalidEvent("job_id is empty")
     if not isinstance(stage, str) or not stage:
         raise InvalidEvent(f"stage must be a non-empty string, not {stage!r}")
-    if type(seq) is not int or seq <= 0:
-        raise InvalidEvent(f"seq must be an int > 0, not {seq!r}")
+    if type(seq) is not int or not 0 < seq <= MAX_SEQ:
+        raise InvalidEvent(f"seq must be an int > 0 and <= 2**53, not {seq!r}")
     try:
         data_json = encode_data(data)
     except (TypeError, ValueError) as exc:

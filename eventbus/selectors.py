@@ -22,7 +22,26 @@ def latest_event(domain: str, job_id: str) -> dict | None:
     except (RedisError, UnknownDomain):
         logger.warning("latest event of %s %s unavailable", domain, job_id, exc_info=True)
         return None
-    return json.loads(raw) if raw else None
+    if not raw:
+        return None
+    try:
+        return json_object(raw)
+    except ValueError:
+        # Only a writer other than the bus's scripts puts this there: no answer, not a 500.
+        logger.warning("latest event of %s %s is not a JSON object; ignored", domain, job_id)
+        return None
+
+
+def json_object(raw: bytes) -> dict:
+    """A JSON object read back from Redis; ValueError for anything else (not JSON, nested past
+    the parser's recursion limit, or another type), which only a foreign writer leaves there."""
+    try:
+        value = json.loads(raw)
+    except RecursionError:
+        raise ValueError("nested too deep") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"a JSON {type(value).__name__}, not an object")
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,9 +80,9 @@ async def read_backfills(client, asks: list[tuple[str, str, int]]) -> list[Backf
 def _backfill(raws, applied, state) -> Backfill | ValueError:
     try:
         return Backfill(
-            [(raw, json.loads(raw)) for raw in raws],
+            [(raw, json_object(raw)) for raw in raws],
             None if applied is None else int(applied),
-            json.loads(state) if state is not None else None,
+            json_object(state) if state is not None else None,
         )
     except ValueError as exc:
         return exc

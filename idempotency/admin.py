@@ -15,6 +15,9 @@ from django.utils.html import format_html
 from .conf import idempotency_settings
 from .models import IdempotencyRecord, Operation
 
+# A stored answer can be as large as the view made it: the page shows its start.
+SHOWN_BYTES = 64 * 1024
+
 
 @admin.register(IdempotencyRecord)
 class IdempotencyRecordAdmin(admin.ModelAdmin):
@@ -36,10 +39,13 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):
         if record.response_status is None:
             return "-"
         body = bytes(record.response_body or b"")
+        shown = body[:SHOWN_BYTES]
         try:
-            text = json.dumps(json.loads(body), indent=2, ensure_ascii=False)
-        except ValueError:
-            text = body.decode("utf-8", "replace")
+            text = json.dumps(json.loads(shown), indent=2, ensure_ascii=False)
+        except (ValueError, RecursionError):  # not JSON, cut short, or nested past the parser's limit
+            text = shown.decode("utf-8", "replace")
+        if len(body) > SHOWN_BYTES:
+            text += f"\n… {len(body) - SHOWN_BYTES} more bytes not shown"
         headers = "\n".join(f"{name}: {value}" for name, value in record.response_headers)
         return format_html("<pre>HTTP {}\n{}\n\n{}</pre>", record.response_status, headers, text)
 

@@ -138,6 +138,7 @@ for _ in range(100_000):  # deeper than the interpreter's recursion limit
         (("scan", "j", "vision", 0, {}), "seq must be an int > 0"),
         (("scan", "j", "vision", "10", {}), "seq must be an int > 0"),
         (("scan", "j", "vision", True, {}), "seq must be an int > 0"),
+        (("scan", "j", "vision", 2**53 + 1, {}), "seq must be an int > 0 and <= 2\\*\\*53"),
         (("scan", "j", "vision", 10, {"when": object()}), "not JSON-serialisable"),
         (("scan", "j", "vision", 10, float("nan")), "not JSON-serialisable"),
         (("scan", "j", "vision", 10, CYCLE), "not JSON-serialisable: Circular reference"),

@@ -8,7 +8,7 @@ from eventbus.keys import JobKeys, stream_key
 from eventbus.reclaimer import Reclaimer, parse_xautoclaim
 from eventbus.router import Router
 
-from .helpers import dead_letters, history_seqs, pending
+from .helpers import dead_letters, history_seqs, job_ids_on_shard, pending
 
 FIELDS = [
     b"job_id",
@@ -135,13 +135,21 @@ def test_malformed_pending_entries_are_dead_lettered_and_deleted_ones_acked(redi
     redis_client.xgroup_create(key, "router", id="0", mkstream=True)
     bad = redis_client.xadd(key, {"job_id": "x", "seq": "nope"}).decode()
     gone = redis_client.xadd(key, {"job_id": "y"})
+    fields = {"domain": "chat", "stage": "answer", "prev_seq": "0"}
+    [job] = job_ids_on_shard("chat", 0, 1, "poison")
+    # Parsing these raised ValueError and RecursionError, which ended every pass of the reclaimer.
+    huge = redis_client.xadd(key, {**fields, "job_id": job, "seq": "1" * 5000, "data": "{}"}).decode()
+    deep = redis_client.xadd(key, {**fields, "job_id": job, "seq": "30", "data": "[" * 200_000}).decode()
     read_and_abandon("dead", key)
     redis_client.xdel(key, gone)
 
     Reclaimer(burst=True, min_idle_ms=0).run()
 
-    [letter] = dead_letters(redis_client, "chat", 0)
-    assert letter["original_stream_id"] == bad and letter["reason"].startswith("missing field(s)")
+    letters = dead_letters(redis_client, "chat", 0)
+    assert [letter["original_stream_id"] for letter in letters] == [bad, huge, deep]
+    assert letters[0]["reason"].startswith("missing field(s)")
+    assert "is not a non-negative integer" in letters[1]["reason"]
+    assert letters[2]["reason"].startswith("data is not JSON")
     assert pending(redis_client, key) == 0
 
 

@@ -332,7 +332,7 @@ async def test_the_jobs_of_a_process_resync_in_one_round_trip_and_a_bad_history_
 async def test_a_foreign_message_on_the_channel_stops_nothing(job, cookie, redis_client):
     socket = await open_socket(f"/ws/jobs/{job.op_id}/", cookie, subscribed_to=job)
     channel = JobKeys("scan", str(job.op_id)).channel
-    for garbage in (b"not json", b"[1, 2]", b'{"no": "seq"}'):
+    for garbage in (b"not json", b"[1, 2]", b'{"no": "seq"}', b"[" * 200_000):
         redis_client.publish(channel, garbage)
     await publish_and_route(job, SCAN)
     assert [f["seq"] for f in await frames_until(socket, 51)] == SCAN
