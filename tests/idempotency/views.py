@@ -4,7 +4,8 @@ import threading
 import uuid
 from collections import Counter
 
-from django.http import JsonResponse, StreamingHttpResponse
+from django import forms
+from django.http import HttpResponse, HttpResponseRedirect, JsonResponse, StreamingHttpResponse
 from django.utils.decorators import method_decorator
 from django.views import View
 from django.views.decorators.csrf import csrf_exempt
@@ -192,3 +193,30 @@ def raw_stream(request):
     while chunk := request.read(65536):
         size += len(chunk)
     return JsonResponse({"n": executed("raw-stream"), "size": size}, status=201)
+
+
+class NoteForm(forms.Form):
+    title = forms.CharField(max_length=100)
+
+
+def save_note(request):
+    """A plain Django form, POST-redirect-GET: its effect is a row, its answer a 302 (with a
+    cookie, as the messages framework would set, that a replay must not restore)."""
+    form = NoteForm(request.POST)
+    if not form.is_valid():
+        return HttpResponse(status=400)
+    note = Operation.objects.create(
+        scope="notes", idem_key=uuid.uuid4().hex, domain="scan", event_type="note", payload=form.cleaned_data
+    )
+    executed("note")
+    response = HttpResponseRedirect(f"/notes/{note.pk}/")
+    response.set_cookie("flash", "saved")
+    return response
+
+
+form_redirect = idempotency_key("required")(save_note)
+
+
+@idempotency_key("required", atomic=True)
+def form_redirect_atomic(request):
+    return save_note(request)
