@@ -164,6 +164,10 @@ def owner_scope(kwargs: dict, name: str, func) -> str:
             f"{func.__qualname__}() got {name}={owner!r}: the owner of its keys is a model instance, "
             "a str or an int."
         )
+    if isinstance(owner, str) and "\x00" in owner:
+        raise ValueError(
+            f"{func.__qualname__}() got a {name} with a NUL character: no database column holds it."
+        )
     return str(owner)
 
 
@@ -185,6 +189,8 @@ def call_key(value, func) -> IdemKey:
 def _stored_result(result) -> StoredResponse:
     try:
         body = json.dumps(result).encode()
-    except TypeError as exc:
-        raise TypeError(f"An @idempotent function must return JSON-serialisable data: {exc}") from exc
+    except (TypeError, ValueError, RecursionError) as exc:  # ValueError: a cycle
+        raise TypeError(
+            f"An @idempotent function must return JSON-serialisable data, not nested too deep: {exc}"
+        ) from None
     return StoredResponse(200, (("Content-Type", "application/json"),), body)

@@ -183,4 +183,8 @@ def request_fingerprint(request, body: bytes | None = None) -> str:
 
 
 def call_fingerprint(args: tuple, kwargs: dict) -> str:
-    return hashlib.sha256(canonical_json([list(args), kwargs])).hexdigest()
+    try:
+        return hashlib.sha256(canonical_json([list(args), kwargs])).hexdigest()
+    except RecursionError:
+        # A clear error instead: arguments have no raw bytes to fall back on.
+        raise ValueError("The arguments are nested too deep to fingerprint.") from None

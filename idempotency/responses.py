@@ -54,7 +54,11 @@ def refused_status(exc: BaseException) -> int | None:
 
 def capture(response) -> StoredResponse:
     allowed = {name.lower() for name in idempotency_settings.REPLAYED_HEADERS}
-    headers = tuple((name, value) for name, value in response.items() if name.lower() in allowed)
+    # A NUL in a field value is replaced by a space, as RFC 9110 (5.5) lets a recipient do:
+    # Django lets a view set one, and PostgreSQL's jsonb cannot hold it (the body, bytea, can).
+    headers = tuple(
+        (name, value.replace("\x00", " ")) for name, value in response.items() if name.lower() in allowed
+    )
     return StoredResponse(response.status_code, headers, bytes(response.content))
 
 

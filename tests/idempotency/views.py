@@ -1,10 +1,12 @@
 """Views of every kind the idempotency layer must cover, for tests/idempotency."""
 
+import json
 import threading
 import uuid
 from collections import Counter
 
 from django import forms
+from django.core.exceptions import BadRequest
 from django.http import HttpResponse, HttpResponseRedirect, JsonResponse, StreamingHttpResponse
 from django.utils.decorators import method_decorator
 from django.views import View
@@ -220,3 +222,36 @@ form_redirect = idempotency_key("required")(save_note)
 @idempotency_key("required", atomic=True)
 def form_redirect_atomic(request):
     return save_note(request)
+
+
+@idempotency_key("required")
+@csrf_exempt
+def parse_json(request):
+    """Parses its JSON body as a careful view does: a body it cannot parse (not JSON, nested
+    too deep) is the client's error, a 400 (Django's handler answers BadRequest with one)."""
+    try:
+        data = json.loads(request.body)
+    except (ValueError, RecursionError):
+        raise BadRequest("The body is not JSON this view can read.") from None
+    return JsonResponse({"n": executed("parse-json"), "keys": sorted(data)}, status=201)
+
+
+def answer_with_nul(request):
+    """An answer with NUL characters in its body (raw and as a JSON escape) and in a header."""
+    n = executed("nul")
+    body = b"raw\x00nul " + json.dumps({"text": "a\x00b", "n": n}).encode()
+    response = HttpResponse(body, status=201, content_type="application/octet-stream")
+    response["ETag"] = '"v\x00' + str(n) + '"'
+    return response
+
+
+@idempotency_key("required")
+@csrf_exempt
+def nul_answer(request):
+    return answer_with_nul(request)
+
+
+@idempotency_key("required", atomic=True)
+@csrf_exempt
+def nul_answer_atomic(request):
+    return answer_with_nul(request)
