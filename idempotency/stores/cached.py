@@ -44,10 +44,6 @@ class CachedStore(DatabaseStore):
     # v2: signed JSON (entries.py). Pickled entries of earlier versions are never read.
     cache_prefix = "idempotency:v2:"
 
-    @property
-    def cache(self):
-        return caches[idempotency_settings.CACHE_ALIAS]
-
     def cache_key(self, scope: str, key: str) -> str:
         """The entry's name before the cache's KEY_PREFIX and version (`cache.make_key`)."""
         # Hashed: keys may hold characters some cache backends refuse.

@@ -7,10 +7,10 @@ an entry written there by anyone else would run on the next replay. An entry is
     <HMAC-SHA256 hex> "." <JSON: fingerprint, expires, status, headers, base64 body>
 
 signed for the Redis key it lives under (a genuine entry copied under another user's key is
-refused like a forged one) by HMAC-SHA256 with a key derived from SECRET_KEY as Django's
-`salted_hmac` derives it, with a salt of this module's own (or one of SECRET_KEY_FALLBACKS,
-so that a key rotation does not turn every cached answer into a warning). Reading one costs a
-JSON parse and one HMAC.
+refused like a forged one) by HMAC-SHA256, keyed as Django's `salted_hmac` keys it: from a salt
+of this module's own and SECRET_KEY. Entries signed with a key in SECRET_KEY_FALLBACKS are
+accepted, so that a key rotation does not turn every cached answer into a miss. Reading one
+costs one HMAC and a JSON parse.
 """
 
 from __future__ import annotations

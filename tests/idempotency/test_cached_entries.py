@@ -194,3 +194,25 @@ def test_a_cached_replay_is_one_redis_get(redis_client):
     calls = {name.removeprefix("cmdstat_"): s["calls"] for name, s in stats.items()}
     calls.pop("info", None), calls.pop("config|resetstat", None)
     assert calls == {"get": 1}
+
+
+def test_entries_signed_with_a_rotated_secret_key(settings, caplog):
+    """After a SECRET_KEY rotation, entries signed with a key in SECRET_KEY_FALLBACKS still
+    serve replays; with the old key dropped they are misses and the database answers."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    client = Client(HTTP_X_PRINCIPAL="svc-1")
+    with override_resolver():
+        first = send(client, "rotated")
+        old = settings.SECRET_KEY
+        settings.SECRET_KEY, settings.SECRET_KEY_FALLBACKS = "a-new-secret-key", [old]
+        with CaptureQueriesContext(connection) as queries:
+            again = send(client, "rotated")
+        assert again.content == first.content and len(queries) == 0
+        settings.SECRET_KEY_FALLBACKS = []
+        with caplog.at_level(logging.WARNING, logger=LOGGER), CaptureQueriesContext(connection) as queries:
+            dropped = send(client, "rotated")
+    assert dropped["Idempotent-Replayed"] == "true" and dropped.content == first.content
+    assert len(queries) > 0
+    assert any(r.name == LOGGER for r in caplog.records)
