@@ -114,3 +114,66 @@ def test_idempotent_with_arguments_nested_too_deep_is_a_clear_error():
     with pytest.raises(ValueError, match="nested too deep"):
         act(payload=nested, idempotency_key="k")
     assert calls == [] and not IdempotencyRecord.objects.exists()
+
+
+def command(**fields):
+    from idempotency.keys import IdemKey
+    from idempotency.services import Command
+
+    defaults = {"scope": "-:1", "idem_key": IdemKey("cmd-1"), "domain": "scan", "event_type": "job.requested"}
+    return Command(**{**defaults, **fields})
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"payload": {"text": "a\x00b"}},
+        {"payload": {"nested": [{"k\x00": 1}]}},
+        {"biz_key": "order\x00"},
+        {"domain": "scan\x00"},
+        {"scope": "-:\x001"},
+    ],
+    ids=["payload-value", "payload-key", "biz_key", "domain", "scope"],
+)
+def test_accept_refuses_a_nul_on_every_database_alike(fields):
+    """SQLite would store it, PostgreSQL's text and jsonb refuse it with a DataError (a 500):
+    refused before either sees it, as a BadRequest (a view that lets it through answers 400)."""
+    from django.core.exceptions import BadRequest
+
+    from idempotency.models import Operation
+    from idempotency.services import InvalidCommand, accept
+
+    with pytest.raises(InvalidCommand, match="NUL") as info:
+        accept(command(**fields))
+    assert isinstance(info.value, BadRequest)
+    assert not Operation.objects.exists()
+
+
+def test_accept_stores_a_backslash_that_only_looks_like_a_nul_escape():
+    from idempotency.services import accept
+
+    operation, created = accept(command(payload={"text": "\\u0000 is six characters"}))
+    assert created
+    operation.refresh_from_db()
+    assert operation.payload == {"text": "\\u0000 is six characters"}
+
+
+def test_accept_refuses_a_payload_nested_too_deep():
+    from idempotency.models import Operation
+    from idempotency.services import InvalidCommand, accept
+
+    nested: dict = {}
+    for _ in range(DEPTH):
+        nested = {"a": nested}
+    with pytest.raises(InvalidCommand, match="deep"):
+        accept(command(payload=nested))
+    assert not Operation.objects.exists()
+
+
+def test_the_jobs_api_answers_a_nul_in_the_payload_with_a_400_and_frees_the_key(client_for, user):
+    client = client_for(user)
+    refused = send(client, "/api/jobs/", b'{"domain": "scan", "payload": {"x": "a\\u0000b"}}', "job-nul")
+    assert refused.status_code == 400
+    assert refused["Content-Type"] == "application/problem+json"
+    corrected = send(client, "/api/jobs/", b'{"domain": "scan", "payload": {"x": "ab"}}', "job-nul")
+    assert corrected.status_code == 201
