@@ -167,15 +167,14 @@ def body_digest(request) -> bytes:
     return digest.digest()
 
 
-def request_fingerprint(request, body: bytes | None = None) -> str:
-    """method, route, canonical query and the body's digest (`body_digest`, computed now when
-    not given)."""
+def request_fingerprint(request) -> str:
+    """method, route, canonical query and the body's digest (`body_digest`)."""
     digest = hashlib.sha256()
     for part in (
         request.method.encode(),
         request.path.encode("utf-8", "surrogateescape"),
         canonical_query(request.META.get("QUERY_STRING", "")).encode(),
-        body if body is not None else body_digest(request),
+        body_digest(request),
     ):
         digest.update(len(part).to_bytes(8, "big"))  # length-prefixed: no two splits collide
         digest.update(part)
