@@ -4,6 +4,7 @@ IDEMPOTENCY settings must be valid."""
 from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
 
 from .conf import idempotency_settings
 from .policy import MODES
@@ -73,15 +74,30 @@ def check_settings(app_configs=None, **kwargs):
 
 
 def _check_cache_alias():
-    from .stores.cached import CachedStore
+    from .stores.cached import SUPPORTED_BACKEND, CachedStore, unsupported_backend
 
     store, alias = idempotency_settings.STORE, idempotency_settings.CACHE_ALIAS
-    if isinstance(store, type) and issubclass(store, CachedStore) and alias not in settings.CACHES:
+    if not (isinstance(store, type) and issubclass(store, CachedStore)):
+        return []
+    if alias not in settings.CACHES:
         return [
             Error(
                 f"IDEMPOTENCY['CACHE_ALIAS'] is {alias!r}, which is not in CACHES ({sorted(settings.CACHES)}).",
                 hint="Name a configured cache, or use idempotency.stores.db.DatabaseStore.",
                 id="idempotency.E007",
+            )
+        ]
+    backend = settings.CACHES[alias].get("BACKEND", "")
+    try:
+        supported = issubclass(import_string(backend), import_string(SUPPORTED_BACKEND))
+    except ImportError:
+        supported = False
+    if not supported:
+        return [
+            Error(
+                unsupported_backend(alias, backend),
+                hint=f"Point CACHE_ALIAS at a {SUPPORTED_BACKEND} cache, or use idempotency.stores.db.DatabaseStore.",
+                id="idempotency.E008",
             )
         ]
     return []

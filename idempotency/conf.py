@@ -74,7 +74,8 @@ DEFAULTS = {
     # Renew a running request's lease every LEASE_SECONDS / 3, so that only a dead one loses it.
     "HEARTBEAT": True,
     "STORE": "idempotency.stores.db.DatabaseStore",
-    # Cache alias for idempotency.stores.cached.CachedStore (completed replays without a query).
+    # Cache alias for idempotency.stores.cached.CachedStore (completed replays without a query):
+    # a django-redis cache (checks: idempotency.E008), whose entries are signed JSON, never pickles.
     "CACHE_ALIAS": "default",
     "SCOPE_RESOLVER": "idempotency.scope.UserScopeResolver",
     # 4xx statuses that are not final answers to the request, so never replayed.

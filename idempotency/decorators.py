@@ -1,12 +1,15 @@
-"""Decorators: `idempotency_key` marks views, `idempotent` wraps service functions."""
+"""Decorators: `idempotency_key` marks views, `idempotent` wraps service functions (whose keys
+are always scoped: to an owner, by a callable, or knowingly GLOBAL)."""
 
 from __future__ import annotations
 
+import enum
 import functools
 import json
 import uuid
 
 from django.core.exceptions import ImproperlyConfigured
+from django.db import models
 
 from .conf import idempotency_settings
 from .exceptions import IdempotencyInProgress, IdempotencyKeyMismatch
@@ -44,21 +47,39 @@ def idempotency_key(mode: str = REQUIRED, **options):
     return mark
 
 
-def idempotent(
-    *, operation: str, key="idempotency_key", scope=None, lease_seconds=None, ttl_seconds=None, atomic=True
-):
-    """Run a service function once per key; a call again with the same key and arguments
-    returns the first call's result (which must be JSON-serialisable) without running it.
+class Scope(enum.Enum):
+    GLOBAL = "global"
 
+    def __repr__(self) -> str:
+        return f"idempotency.decorators.{self.name}"
+
+
+# One keyspace per operation, shared by every caller: for keys that are unique by construction
+# (a job stage's ctx.key, a UUID the code made), never for keys that come from a user.
+GLOBAL = Scope.GLOBAL
+
+
+def idempotent(
+    *, operation: str, scope=None, key="idempotency_key", lease_seconds=None, ttl_seconds=None, atomic=True
+):
+    """Run a service function once per (scope, key); a call again with the same key and
+    arguments returns the first call's result (which must be JSON-serialisable) without running it.
+
+    scope (required: a key from one user must never replay another's result):
+      - the name of the keyword argument whose value owns the key: a model instance (a user, a
+        tenant...) scopes it as "<app_label>.<model>:<pk>", a str or int as itself; that
+        argument is left out of the fingerprint (the scope holds it);
+      - a callable(*args, **kwargs) -> str;
+      - GLOBAL: one keyspace for all callers, for keys unique by construction.
     key: the name of the keyword argument that carries the key (it is passed on to the
     function and left out of the fingerprint), or a callable(*args, **kwargs) -> key.
-    scope: optional callable(*args, **kwargs) -> str, e.g. the tenant, to separate keyspaces.
     Raises IdempotencyKeyMismatch for other arguments under a used key and
     IdempotencyInProgress while another call holds the key.
 
-        @idempotent(operation="charge")
-        def charge(*, invoice_id, amount, idempotency_key): ...
+        @idempotent(operation="charge", scope="customer")
+        def charge(*, customer, invoice_id, amount, idempotency_key): ...
     """
+    _check_scope(scope, operation)
 
     def decorator(func):
         @functools.wraps(func)
@@ -74,10 +95,13 @@ def idempotent(
                 fingerprint_kwargs = {k: v for k, v in kwargs.items() if k != key}
             idem_key = call_key(idem_key, func)
             call_scope = f"fn:{operation}"
-            if scope:
+            if callable(scope):
                 call_scope += ":" + checked_scope(
                     scope(*args, **kwargs), f"The scope of {func.__qualname__}()"
                 )
+            elif scope is not GLOBAL:
+                call_scope += ":" + checked_scope(owner_scope(kwargs, scope, func), f"{func.__qualname__}()")
+                fingerprint_kwargs = {k: v for k, v in fingerprint_kwargs.items() if k != scope}
 
             store = idempotency_settings.STORE()
             acquisition = store.acquire(
@@ -112,6 +136,41 @@ def idempotent(
     return decorator
 
 
+def _check_scope(scope, operation: str) -> None:
+    if scope is GLOBAL or callable(scope) or (isinstance(scope, str) and scope.isidentifier()):
+        return
+    given = "no scope" if scope is None else f"scope={scope!r}"
+    raise ImproperlyConfigured(
+        f"@idempotent(operation={operation!r}) was given {given}. Keys are scoped, so that a key that "
+        "comes from one user never replays another user's result. Pass scope='<keyword argument>' "
+        "naming the argument that owns the key (a user or other model instance, a str or an int), "
+        "scope=<callable(*args, **kwargs) -> str>, or scope=idempotency.decorators.GLOBAL for keys "
+        "unique across all callers by construction (a job stage's ctx.key, a UUID made by the code)."
+    )
+
+
+def owner_scope(kwargs: dict, name: str, func) -> str:
+    """The scope of the owner passed as the keyword argument `name`: "<app_label>.<model>:<pk>"
+    for a model instance, a str or int as itself."""
+    if name not in kwargs:
+        raise TypeError(f"{func.__qualname__}() needs the keyword argument {name!r} (the owner of its keys)")
+    owner = kwargs[name]
+    if isinstance(owner, models.Model):
+        if owner.pk is None:
+            raise ValueError(f"{func.__qualname__}() got an unsaved {name}: its keys need its primary key.")
+        return f"{owner._meta.label_lower}:{owner.pk}"
+    if isinstance(owner, bool) or not isinstance(owner, (str, int)):
+        raise TypeError(
+            f"{func.__qualname__}() got {name}={owner!r}: the owner of its keys is a model instance, "
+            "a str or an int."
+        )
+    if isinstance(owner, str) and "\x00" in owner:
+        raise ValueError(
+            f"{func.__qualname__}() got a {name} with a NUL character: no database column holds it."
+        )
+    return str(owner)
+
+
 def call_key(value, func) -> IdemKey:
     """A call's key: an IdemKey, or a str, int or UUID made into one. A missing key (None) is
     refused: as the string "None" it would make unrelated calls share one key."""
@@ -130,6 +189,8 @@ def call_key(value, func) -> IdemKey:
 def _stored_result(result) -> StoredResponse:
     try:
         body = json.dumps(result).encode()
-    except TypeError as exc:
-        raise TypeError(f"An @idempotent function must return JSON-serialisable data: {exc}") from exc
+    except (TypeError, ValueError, RecursionError) as exc:  # ValueError: a cycle
+        raise TypeError(
+            f"An @idempotent function must return JSON-serialisable data, not nested too deep: {exc}"
+        ) from None
     return StoredResponse(200, (("Content-Type", "application/json"),), body)

@@ -1,12 +1,13 @@
 """Fingerprints tell a retry of a request from another request under the same key.
 
-A request's body is fingerprinted before any other code reads it (the middleware does it in
-`__call__`, ahead of every middleware's `process_view`: the CSRF check and DRF's session
-authentication parse multipart bodies, which consumes the stream). The body stays readable
-for the view:
+A request's body is fingerprinted once the request is authenticated and its key is valid
+(SPEC §15: an unauthenticated client cannot make the server hash a body by adding a key), in the
+middleware's process_view. The body stays readable for the view:
 - a body within DATA_UPLOAD_MAX_MEMORY_SIZE is read as `request.body` (Django keeps it);
 - a larger one is hashed as a stream, in chunks, and left on a spooled temporary file that
-  the view reads as if nobody had (memory stays bounded, uploaded files included).
+  the view reads as if nobody had (memory stays bounded, uploaded files included);
+- a multipart form that an earlier check parsed already (the CSRF check, DRF's session
+  authentication) is fingerprinted from its parsed fields and files.
 
 Canonical forms, so that a retry that means the same matches: JSON bodies held in memory are
 re-serialised with sorted keys; a multipart body's random boundary is replaced by a constant
@@ -159,21 +160,21 @@ def body_digest(request) -> bytes:
             digest.update(len(part).to_bytes(8, "big") + part)
     else:
         raise BodyUnavailable(
-            "The request body was read before the idempotency middleware could fingerprint it: "
-            "code that reads it must run after IdempotencyMiddleware.__call__."
+            "The request body was read as a stream before the idempotency middleware could "
+            "fingerprint it: code that reads it must run after IdempotencyMiddleware.process_view "
+            "(request.body and request.POST are fine)."
         )
     return digest.digest()
 
 
-def request_fingerprint(request, body: bytes | None = None) -> str:
-    """method, route, canonical query and the body's digest (`body_digest`, computed now when
-    not given)."""
+def request_fingerprint(request) -> str:
+    """method, route, canonical query and the body's digest (`body_digest`)."""
     digest = hashlib.sha256()
     for part in (
         request.method.encode(),
         request.path.encode("utf-8", "surrogateescape"),
         canonical_query(request.META.get("QUERY_STRING", "")).encode(),
-        body if body is not None else body_digest(request),
+        body_digest(request),
     ):
         digest.update(len(part).to_bytes(8, "big"))  # length-prefixed: no two splits collide
         digest.update(part)
@@ -181,4 +182,8 @@ def request_fingerprint(request, body: bytes | None = None) -> str:
 
 
 def call_fingerprint(args: tuple, kwargs: dict) -> str:
-    return hashlib.sha256(canonical_json([list(args), kwargs])).hexdigest()
+    try:
+        return hashlib.sha256(canonical_json([list(args), kwargs])).hexdigest()
+    except RecursionError:
+        # A clear error instead: arguments have no raw bytes to fall back on.
+        raise ValueError("The arguments are nested too deep to fingerprint.") from None

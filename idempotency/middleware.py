@@ -6,17 +6,18 @@ itself, so that the view's transaction can also store its answer (see execution.
 It runs in either mode (Django's sync_capable / async_capable). Under ASGI, a request it does
 not cover goes through without leaving the event loop; a keyed one makes one trip to a worker
 thread for the database work and the view (where Django would run a sync view anyway).
+
+The order of work for a keyed request: authenticate (resolve its scope), parse the key, and
+only then fingerprint the body (SPEC §15): a request that is not authenticated, or whose key
+is malformed, is refused without its body being read.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 
 from asgiref.sync import async_to_sync, iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.db import InterfaceError, OperationalError, close_old_connections
-from django.urls import Resolver404, get_resolver
-from django.utils.translation import get_language
 
 from . import metrics
 from .conf import idempotency_settings
@@ -29,7 +30,7 @@ from .exceptions import (
     LeaseLost,
 )
 from .execution import IdempotencyContext, Ran, Verdict, run_leased, run_locked, transaction_aliases
-from .fingerprint import body_digest, request_fingerprint
+from .fingerprint import request_fingerprint
 from .keys import IdemKey, InvalidKey
 from .policy import OPTIONAL, policy_for
 from .problems import problem_from_error
@@ -37,7 +38,6 @@ from .responses import STORED_HEADER, StoredResponse, capture, is_refusal, is_st
 from .scope import resolve_scope
 from .stores.base import Acquisition, Outcome
 
-SAFE_METHODS = ("GET", "HEAD", "OPTIONS", "TRACE")
 # A lost or refused database connection: the request's transaction, if any, is gone with it.
 CONNECTION_ERRORS = (OperationalError, InterfaceError)
 
@@ -66,26 +66,6 @@ def error_verdict(exc: BaseException) -> Verdict:
     """An exception Django answers with a refusal (400, 403) frees the key like that refusal."""
     status = refused_status(exc)
     return Verdict.RELEASE if status in idempotency_settings.NOT_STORED_STATUSES else Verdict.FAIL
-
-
-@functools.lru_cache(maxsize=1024)
-def routed_view(resolver, language, path_info):
-    """The view `resolver` routes `path_info` to, None when no route matches. Memoized: this
-    middleware resolves before Django's handler does (which resolves again), and a route is
-    fixed once the URLconf is loaded. `language` is in the key for i18n_patterns' prefixes."""
-    try:
-        return resolver.resolve(path_info).func
-    except Resolver404:
-        return None
-
-
-def covered_view(request):
-    """The view a keyed, unsafe request is routed to, when its policy covers the request."""
-    if request.method in SAFE_METHODS or idempotency_settings.HEADER not in request.headers:
-        return None
-    resolver = get_resolver(getattr(request, "urlconf", None))
-    view = routed_view(resolver, get_language(), request.path_info)
-    return view if view is not None and policy_for(view, request.method) is not None else None
 
 
 def refusal(acquisition: Acquisition):
@@ -129,20 +109,10 @@ class IdempotencyMiddleware:
     def __call__(self, request):
         if self.is_async:
             return self.__acall__(request)
-        self.fingerprint_body(request)
         return self.get_response(request)
 
     async def __acall__(self, request):
-        # Under ASGI the body is already spooled (in memory or a file): hashing it needs no thread.
-        self.fingerprint_body(request)
         return await self.get_response(request)
-
-    @staticmethod
-    def fingerprint_body(request) -> None:
-        # Fingerprint the body now, before any process_view (the CSRF check, DRF's session
-        # authentication) parses a multipart body and consumes its stream.
-        if covered_view(request) is not None:
-            request._idempotency_body = body_digest(request)
 
     def process_view(self, request, view_func, view_args, view_kwargs):
         policy = keyed_policy(request, view_func)
@@ -173,6 +143,8 @@ class IdempotencyMiddleware:
     def keyed(self, request, policy, view_func, view_args, view_kwargs):
         header = idempotency_settings.HEADER
         raw_key = request.headers.get(header)
+        # Authentication first (SPEC §15): the body of a request that is not authenticated is
+        # never read, let alone hashed; the view refuses it as it would without a key.
         scope = resolve_scope(request, view_func)
         if scope is None:
             return None  # not authenticated: the view refuses the request, nothing is stored
@@ -186,7 +158,7 @@ class IdempotencyMiddleware:
             return problem_from_error(IdempotencyKeyInvalid(str(exc)))
 
         store = idempotency_settings.STORE()
-        fingerprint = request_fingerprint(request, getattr(request, "_idempotency_body", None))
+        fingerprint = request_fingerprint(request)
         aliases = transaction_aliases(view_func, atomic=policy.atomic)
         claim = {
             "scope": scope,

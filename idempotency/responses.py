@@ -23,11 +23,12 @@ class StoredResponse:
 
 
 def is_storable(response) -> bool:
-    """2xx, and 4xx that are final answers. Never 5xx, 1xx/3xx or a streamed body."""
+    """2xx, 3xx (a POST-redirect-GET form replays its redirect, Location included) and 4xx
+    that are final answers (SPEC §4). Never 5xx, 1xx or a streamed body."""
     if getattr(response, "streaming", False):
         return False
     status = response.status_code
-    if 200 <= status < 300:
+    if 200 <= status < 400:
         return True
     return 400 <= status < 500 and status not in idempotency_settings.NOT_STORED_STATUSES
 
@@ -53,7 +54,11 @@ def refused_status(exc: BaseException) -> int | None:
 
 def capture(response) -> StoredResponse:
     allowed = {name.lower() for name in idempotency_settings.REPLAYED_HEADERS}
-    headers = tuple((name, value) for name, value in response.items() if name.lower() in allowed)
+    # A NUL in a field value is replaced by a space, as RFC 9110 (5.5) lets a recipient do:
+    # Django lets a view set one, and PostgreSQL's jsonb cannot hold it (the body, bytea, can).
+    headers = tuple(
+        (name, value.replace("\x00", " ")) for name, value in response.items() if name.lower() in allowed
+    )
     return StoredResponse(response.status_code, headers, bytes(response.content))
 
 

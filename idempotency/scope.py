@@ -73,10 +73,11 @@ class UserScopeResolver:
 def checked_scope(scope, source) -> str:
     """A scope as a resolver returned it, refused when empty: an empty scope is one keyspace
     shared by every caller, where one user's key would replay another's answer."""
-    if not isinstance(scope, str) or not scope.strip():
+    if not isinstance(scope, str) or not scope.strip() or "\x00" in scope:
         raise ImproperlyConfigured(
-            f"{source} returned the scope {scope!r}: a scope must be a non-empty string that names "
-            "one principal (a resolver returns None to leave a request without idempotency)."
+            f"{source} returned the scope {scope!r}: a scope must be a non-empty string, without NUL "
+            "characters, that names one principal (a resolver returns None to leave a request "
+            "without idempotency)."
         )
     return scope
 

@@ -2,16 +2,29 @@
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from django.core.exceptions import BadRequest
 from django.db import IntegrityError, transaction
 
 from .exceptions import IdempotencyKeyMismatch
 from .keys import IdemKey
 from .models import Operation
+
+# A NUL as json.dumps writes it: \u0000 after an even number of backslashes. After an odd
+# number it is the text backslash-u0000 (six plain characters, which every database holds).
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+class InvalidCommand(BadRequest, ValueError):
+    """A command no database stores alike: a NUL character (SQLite keeps it, PostgreSQL's text
+    and jsonb refuse it), or a payload nested too deep to serialise. A BadRequest, so that a
+    view that lets it through answers 400, and its Idempotency-Key is free again."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,8 +46,10 @@ def accept(
 
     Race-safe on the UNIQUE constraint: concurrent accepts of one key get one op_id, and
     `on_accepted` (enqueue the work) runs once, after the creating transaction commits.
-    The same key with another domain, event type or payload raises IdempotencyKeyMismatch.
+    The same key with another domain, event type or payload raises IdempotencyKeyMismatch;
+    a NUL character or a payload nested too deep, InvalidCommand (nothing is stored).
     """
+    _check_storable(command)
     try:
         with transaction.atomic():
             operation = Operation.objects.create(
@@ -61,3 +76,25 @@ def accept(
     if on_accepted is not None:
         transaction.on_commit(lambda: on_accepted(operation))
     return operation, True
+
+
+def _check_storable(command: Command) -> None:
+    texts = {
+        "scope": command.scope,
+        "idem_key": command.idem_key.value,
+        "domain": command.domain,
+        "event_type": command.event_type,
+        "biz_key": command.biz_key,
+    }
+    for name, text in texts.items():
+        if "\x00" in text:
+            raise InvalidCommand(f"The command's {name} holds a NUL character.")
+    try:
+        # As JSONField serialises it (types it cannot take are the ORM's error, not this one).
+        serialised = json.dumps(command.payload, default=str)
+    except RecursionError:
+        raise InvalidCommand("The command's payload is nested too deep to store.") from None
+    except ValueError:
+        return  # a circular payload: the ORM refuses it as it always did
+    if "\\u0000" in serialised and _NUL_ESCAPE.search(serialised):
+        raise InvalidCommand("The command's payload holds a NUL character (\\u0000).")

@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 from eventbus.jobtypes import JobFailed, JobType, Stage
-from idempotency.decorators import idempotent
+from idempotency.decorators import GLOBAL, idempotent
 
 
 def log(path: str, line: str) -> None:
@@ -14,7 +14,7 @@ def log(path: str, line: str) -> None:
         file.write(line + "\n")
 
 
-@idempotent(operation="outside-charge")
+@idempotent(operation="outside-charge", scope=GLOBAL)  # ctx.key: unique per job and stage
 def charge(*, amount: int, log_path: str, idempotency_key: str) -> dict:
     """Stands for an outside API that takes an idempotency key (a payment provider's)."""
     log(log_path, f"charge {idempotency_key}")

@@ -1,6 +1,6 @@
 import pytest
 
-from idempotency.decorators import idempotent
+from idempotency.decorators import GLOBAL, idempotent
 from idempotency.exceptions import IdempotencyInProgress, IdempotencyKeyMismatch
 from idempotency.keys import IdemKey
 from idempotency.models import IdempotencyRecord, Operation
@@ -9,7 +9,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 calls: list = []
 
 
-@idempotent(operation="charge")
+@idempotent(operation="charge", scope=GLOBAL)
 def charge(*, invoice_id, amount, idempotency_key):
     calls.append(invoice_id)
     Operation.objects.create(
@@ -48,7 +48,7 @@ def test_exception_is_not_stored_and_effects_roll_back():
 
 
 def test_in_flight_call_raises_with_retry_after():
-    @idempotent(operation="reentrant", key=lambda n: f"n-{n}")
+    @idempotent(operation="reentrant", scope=GLOBAL, key=lambda n: f"n-{n}")
     def reenter(n):
         with pytest.raises(IdempotencyInProgress) as info:
             reenter(n)
@@ -61,7 +61,7 @@ def test_missing_key_and_unserialisable_results_are_clear_errors():
     with pytest.raises(TypeError, match="idempotency_key"):
         charge(invoice_id=1, amount=1)
 
-    @idempotent(operation="bad", key=lambda: "b")
+    @idempotent(operation="bad", scope=GLOBAL, key=lambda: "b")
     def bad():
         return object()
 
@@ -70,7 +70,7 @@ def test_missing_key_and_unserialisable_results_are_clear_errors():
 
 
 def test_operations_have_separate_keyspaces():
-    @idempotent(operation="other")
+    @idempotent(operation="other", scope=GLOBAL)
     def other(*, idempotency_key):
         calls.append("other")
         return "other"
@@ -97,7 +97,7 @@ def test_a_missing_or_unusable_key_is_refused_before_running(missing):
 def test_a_key_callable_returning_none_is_refused():
     from idempotency.keys import InvalidKey
 
-    @idempotent(operation="by-field", key=lambda order: order.get("ref"))
+    @idempotent(operation="by-field", scope=GLOBAL, key=lambda order: order.get("ref"))
     def ship(order):
         calls.append(order["n"])
         return order["n"]
@@ -150,3 +150,90 @@ def test_contradictory_markers_on_one_view_are_refused_at_import():
         pass
 
     assert Child.idempotency_policy.mode == "exempt" and Base.idempotency_policy.mode == "required"
+
+
+def test_a_decorator_without_a_scope_is_refused_with_how_to_fix_it():
+    """Keys are scoped (SPEC §15): without a scope a key that comes from a user would replay one
+    user's result to another, so no scope is not a default but an error, at decoration time."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    with pytest.raises(ImproperlyConfigured) as info:
+
+        @idempotent(operation="unscoped")
+        def unscoped(*, idempotency_key):
+            calls.append("ran")
+
+    message = str(info.value)
+    assert "unscoped" in message and "scope=" in message and "GLOBAL" in message
+    assert calls == []
+
+
+def test_two_owners_with_the_same_key_get_their_own_results(user, other_user):
+    @idempotent(operation="pay", scope="owner")
+    def pay(*, owner, amount, idempotency_key):
+        calls.append(owner.username)
+        return {"payer": owner.username, "amount": amount, "call": len(calls)}
+
+    alice = pay(owner=user, amount=5, idempotency_key="order-1")
+    bob = pay(owner=other_user, amount=5, idempotency_key="order-1")
+    assert alice == {"payer": "alice", "amount": 5, "call": 1}
+    assert bob == {"payer": "bob", "amount": 5, "call": 2}
+    assert pay(owner=user, amount=5, idempotency_key="order-1") == alice  # each replays its own
+    assert pay(owner=other_user, amount=5, idempotency_key="order-1") == bob
+    assert calls == ["alice", "bob"]
+    assert set(IdempotencyRecord.objects.values_list("scope", flat=True)) == {
+        f"fn:pay:auth.user:{user.pk}",
+        f"fn:pay:auth.user:{other_user.pk}",
+    }
+
+
+@pytest.mark.parametrize("owner, scope", [("tenant-7", "fn:by-id:tenant-7"), (42, "fn:by-id:42")])
+def test_an_owner_given_as_a_string_or_number_is_the_scope_itself(owner, scope):
+    @idempotent(operation="by-id", scope="account")
+    def act(*, account, idempotency_key):
+        calls.append(account)
+        return len(calls)
+
+    assert act(account=owner, idempotency_key="k") == act(account=owner, idempotency_key="k") == 1
+    assert IdempotencyRecord.objects.get().scope == scope
+
+
+@pytest.mark.parametrize("owner", [None, True, 1.5, object()])
+def test_an_owner_that_names_nobody_is_refused_before_running(owner):
+    @idempotent(operation="owned", scope="owner")
+    def act(*, owner, idempotency_key):
+        calls.append(owner)
+
+    with pytest.raises(TypeError, match="owner"):
+        act(owner=owner, idempotency_key="k")
+    with pytest.raises(TypeError, match="owner"):
+        act(idempotency_key="k")  # the owner's keyword argument is missing
+    assert calls == [] and not IdempotencyRecord.objects.exists()
+
+
+def test_an_unsaved_owner_is_refused(django_user_model):
+    @idempotent(operation="owned", scope="owner")
+    def act(*, owner, idempotency_key):
+        calls.append(owner)
+
+    with pytest.raises(ValueError, match="unsaved"):
+        act(owner=django_user_model(username="nobody"), idempotency_key="k")
+    assert calls == []
+
+
+def test_global_is_one_keyspace_for_system_generated_keys():
+    @idempotent(operation="stage-effect", scope=GLOBAL)
+    def effect(*, idempotency_key):
+        calls.append(idempotency_key)
+        return len(calls)
+
+    assert effect(idempotency_key="job-1:pay") == effect(idempotency_key="job-1:pay") == 1
+    assert IdempotencyRecord.objects.get().scope == "fn:stage-effect"
+
+
+@pytest.mark.parametrize("scope", ["", "not an identifier", 42])
+def test_a_scope_that_is_neither_a_keyword_a_callable_nor_global_is_refused(scope):
+    from django.core.exceptions import ImproperlyConfigured
+
+    with pytest.raises(ImproperlyConfigured, match="scope"):
+        idempotent(operation="odd", scope=scope)

@@ -8,7 +8,7 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext, override_settings
 
-from idempotency.models import IdempotencyRecord
+from idempotency.models import IdempotencyRecord, Operation
 
 from . import views
 
@@ -169,7 +169,7 @@ def test_non_final_4xx_are_never_replayed(client_for, user, code):
     assert again.json()["n"] == 2 and "Idempotent-Replayed" not in again
 
 
-@pytest.mark.parametrize("code", [200, 201, 202, 204, 404, 410, 422])
+@pytest.mark.parametrize("code", [200, 201, 202, 204, 301, 302, 303, 307, 308, 404, 410, 422])
 def test_final_answers_are_replayed(client_for, user, code):
     client = client_for(user)
     first = post(client, f"/t/status/{code}/", key="f")
@@ -177,6 +177,29 @@ def test_final_answers_are_replayed(client_for, user, code):
     assert again.status_code == code and again["Idempotent-Replayed"] == "true"
     assert again.content == first.content
     assert views.CALLS[f"status-{code}"] == 1
+
+
+@pytest.mark.parametrize(
+    "store", ["idempotency.stores.db.DatabaseStore", "idempotency.stores.cached.CachedStore"]
+)
+@pytest.mark.parametrize("path", ["/t/form/", "/t/form-atomic/"])
+def test_a_retried_post_redirect_get_form_replays_its_redirect(settings, client_for, user, path, store):
+    """SPEC §4: a 3xx is a final answer. The retried form post gets the same redirect, and the
+    view (its row) ran once; the cookie the first answer set is not restored."""
+    settings.IDEMPOTENCY = {"STORE": store}
+    client = client_for(user)
+    first = client.post(path, {"title": "groceries"}, HTTP_IDEMPOTENCY_KEY="form-1")
+    assert first.status_code == 302 and first["Location"].startswith("/notes/")
+    assert "flash" in first.cookies
+    retry = client_for(user).post(path, {"title": "groceries"}, HTTP_IDEMPOTENCY_KEY="form-1")
+    assert retry.status_code == 302
+    assert retry["Location"] == first["Location"]
+    assert retry["Idempotent-Replayed"] == "true"
+    assert "flash" not in retry.cookies
+    assert Operation.objects.filter(event_type="note").count() == 1
+    assert views.CALLS["note"] == 1
+    other = client.post(path, {"title": "other"}, HTTP_IDEMPOTENCY_KEY="form-1")
+    assert other.status_code == 422
 
 
 def test_exception_is_not_stored_and_the_retry_executes(client_for, user):

@@ -149,12 +149,17 @@ def test_an_answer_enters_the_cache_only_when_its_transaction_commits():
     lease = acquire(store).lease
     with pytest.raises(RuntimeError), transaction.atomic():
         assert store.complete(lease, ANSWER)
-        assert store._cache_call("get", "t:1", "k1") is None  # not before the COMMIT
+        assert cached_answer(store) is None  # not before the COMMIT
         raise RuntimeError("rolled back")
-    assert store._cache_call("get", "t:1", "k1") is None
+    assert cached_answer(store) is None
     with transaction.atomic():
         assert store.complete(lease, ANSWER)
-    assert store._cache_call("get", "t:1", "k1")["body"] == ANSWER.body
+    assert cached_answer(store) == ANSWER
+
+
+def cached_answer(store):
+    known = store.cached(scope="t:1", key="k1", fingerprint="fp1")
+    return known and known.response
 
 
 @pytest.mark.django_db(transaction=True)

@@ -25,6 +25,11 @@ urlpatterns = [
     path("t/raw-stream/", views.raw_stream),
     path("t/drf-func/", views.drf_function),
     path("t/django-class/", views.PlainClassView.as_view()),
+    path("t/form/", views.form_redirect),
+    path("t/parse-json/", views.parse_json),
+    path("t/nul/", views.nul_answer),
+    path("t/nul-atomic/", views.nul_answer_atomic),
+    path("t/form-atomic/", views.form_redirect_atomic),
     path("t/", include(router.urls)),
     *project_urls,
 ]

@@ -1,10 +1,13 @@
 """Views of every kind the idempotency layer must cover, for tests/idempotency."""
 
+import json
 import threading
 import uuid
 from collections import Counter
 
-from django.http import JsonResponse, StreamingHttpResponse
+from django import forms
+from django.core.exceptions import BadRequest
+from django.http import HttpResponse, HttpResponseRedirect, JsonResponse, StreamingHttpResponse
 from django.utils.decorators import method_decorator
 from django.views import View
 from django.views.decorators.csrf import csrf_exempt
@@ -192,3 +195,63 @@ def raw_stream(request):
     while chunk := request.read(65536):
         size += len(chunk)
     return JsonResponse({"n": executed("raw-stream"), "size": size}, status=201)
+
+
+class NoteForm(forms.Form):
+    title = forms.CharField(max_length=100)
+
+
+def save_note(request):
+    """A plain Django form, POST-redirect-GET: its effect is a row, its answer a 302 (with a
+    cookie, as the messages framework would set, that a replay must not restore)."""
+    form = NoteForm(request.POST)
+    if not form.is_valid():
+        return HttpResponse(status=400)
+    note = Operation.objects.create(
+        scope="notes", idem_key=uuid.uuid4().hex, domain="scan", event_type="note", payload=form.cleaned_data
+    )
+    executed("note")
+    response = HttpResponseRedirect(f"/notes/{note.pk}/")
+    response.set_cookie("flash", "saved")
+    return response
+
+
+form_redirect = idempotency_key("required")(save_note)
+
+
+@idempotency_key("required", atomic=True)
+def form_redirect_atomic(request):
+    return save_note(request)
+
+
+@idempotency_key("required")
+@csrf_exempt
+def parse_json(request):
+    """Parses its JSON body as a careful view does: a body it cannot parse (not JSON, nested
+    too deep) is the client's error, a 400 (Django's handler answers BadRequest with one)."""
+    try:
+        data = json.loads(request.body)
+    except (ValueError, RecursionError):
+        raise BadRequest("The body is not JSON this view can read.") from None
+    return JsonResponse({"n": executed("parse-json"), "keys": sorted(data)}, status=201)
+
+
+def answer_with_nul(request):
+    """An answer with NUL characters in its body (raw and as a JSON escape) and in a header."""
+    n = executed("nul")
+    body = b"raw\x00nul " + json.dumps({"text": "a\x00b", "n": n}).encode()
+    response = HttpResponse(body, status=201, content_type="application/octet-stream")
+    response["ETag"] = '"v\x00' + str(n) + '"'
+    return response
+
+
+@idempotency_key("required")
+@csrf_exempt
+def nul_answer(request):
+    return answer_with_nul(request)
+
+
+@idempotency_key("required", atomic=True)
+@csrf_exempt
+def nul_answer_atomic(request):
+    return answer_with_nul(request)
