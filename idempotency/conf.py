@@ -67,6 +67,10 @@ DEFAULTS = {
     "HEADER": "Idempotency-Key",
     # Policy of a view that carries no @idempotency_key marker: "required", "optional" or "exempt".
     "DEFAULT_POLICY": "optional",
+    # Which unmarked views DEFAULT_POLICY covers: "api" (DRF views: APIView, ViewSet, @api_view),
+    # or "all". Under "api" the admin and HTML form views keep no answers unless marked (a form
+    # re-posted with a key of its own should run, as it does without the middleware).
+    "DEFAULT_POLICY_VIEWS": "api",
     # How long a key is remembered (seconds); an expired record counts as absent.
     "TTL": 24 * 3600,
     # How long a request owns its key without a sign of life; after that a retry may take it over.

@@ -25,6 +25,13 @@ class ViewPolicy:
             raise ValueError(f"Idempotency policy must be one of {MODES}, not {self.mode!r}")
 
 
+def is_api_view(cls) -> bool:
+    """A DRF view class (as_view() of APIView, a ViewSet or @api_view records it as `cls`)."""
+    from rest_framework.views import APIView
+
+    return isinstance(cls, type) and issubclass(cls, APIView)
+
+
 def _marked(obj):
     return getattr(obj, ATTRIBUTE, None)
 
@@ -37,6 +44,8 @@ def policy_for(view_func, method: str) -> ViewPolicy | None:
         handler_name = (getattr(view_func, "actions", None) or {}).get(method.lower(), method.lower())
         policy = _marked(getattr(cls, handler_name, None)) or _marked(cls)
     if policy is None:
+        if idempotency_settings.DEFAULT_POLICY_VIEWS != "all" and not is_api_view(cls):
+            return None  # an unmarked admin or HTML view: not covered by default (SPEC §15)
         policy = ViewPolicy(mode=idempotency_settings.DEFAULT_POLICY)
     methods = policy.methods or idempotency_settings.METHODS
     if policy.mode == EXEMPT or method not in methods:

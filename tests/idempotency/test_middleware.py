@@ -76,7 +76,8 @@ def test_quoted_key_is_the_same_key(client_for, user):
     assert again["Idempotent-Replayed"] == "true"
 
 
-def test_optional_and_exempt_policies(client_for, user):
+def test_optional_and_exempt_policies(client_for, user, settings):
+    settings.IDEMPOTENCY = {**settings.IDEMPOTENCY, "DEFAULT_POLICY_VIEWS": "all"}
     client = client_for(user)
     for _ in range(2):
         assert post(client, "/t/default/").status_code == 201  # optional, no key: no idempotency
@@ -89,6 +90,20 @@ def test_optional_and_exempt_policies(client_for, user):
     assert views.CALLS["exempt"] == 2
     for _ in range(2):
         post(client, "/t/items/unmarked/", key="u")  # viewset action without marker: default policy
+    assert views.CALLS["viewset-unmarked"] == 1
+
+
+def test_unmarked_html_views_keep_no_answers_by_default_api_views_do(client_for, user):
+    """SPEC §15: the default policy covers API views; a plain Django view (a form, the admin)
+    without a marker runs every time, its answer never stored, even with a key."""
+    client = client_for(user)
+    for _ in range(2):
+        response = post(client, "/t/default/", key="html")
+        assert response.status_code == 201 and "Idempotent-Replayed" not in response
+    assert views.CALLS["default"] == 2
+    assert not IdempotencyRecord.objects.filter(key="html").exists()
+    for _ in range(2):
+        post(client, "/t/items/unmarked/", key="api")  # an unmarked DRF action: covered
     assert views.CALLS["viewset-unmarked"] == 1
 
 
