@@ -61,7 +61,9 @@ def check_settings(app_configs=None, **kwargs):
     if policy not in MODES:
         errors.append(Error(f"IDEMPOTENCY['DEFAULT_POLICY'] must be one of {MODES}.", id="idempotency.E004"))
     if idempotency_settings.DEFAULT_POLICY_VIEWS not in ("api", "all"):
-        errors.append(Error("IDEMPOTENCY['DEFAULT_POLICY_VIEWS'] must be 'api' or 'all'.", id="idempotency.E004"))
+        errors.append(
+            Error("IDEMPOTENCY['DEFAULT_POLICY_VIEWS'] must be 'api' or 'all'.", id="idempotency.E004")
+        )
     if any(m != m.upper() or m in ("GET", "HEAD", "OPTIONS") for m in methods):
         errors.append(
             Error("IDEMPOTENCY['METHODS'] lists upper-case unsafe methods only.", id="idempotency.E005")
