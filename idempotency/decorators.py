@@ -18,7 +18,7 @@ from .fingerprint import call_fingerprint
 from .keys import IdemKey, InvalidKey
 from .policy import ATTRIBUTE, REQUIRED, ViewPolicy
 from .responses import StoredResponse
-from .scope import checked_scope
+from .scope import checked_scope, join_scope
 from .stores.base import Outcome
 
 
@@ -94,14 +94,15 @@ def idempotent(
                 idem_key = kwargs[key]
                 fingerprint_kwargs = {k: v for k, v in kwargs.items() if k != key}
             idem_key = call_key(idem_key, func)
-            call_scope = f"fn:{operation}"
+            scope_parts = ["fn", operation]
             if callable(scope):
-                call_scope += ":" + checked_scope(
-                    scope(*args, **kwargs), f"The scope of {func.__qualname__}()"
+                scope_parts.append(
+                    checked_scope(scope(*args, **kwargs), f"The scope of {func.__qualname__}()")
                 )
             elif scope is not GLOBAL:
-                call_scope += ":" + checked_scope(owner_scope(kwargs, scope, func), f"{func.__qualname__}()")
+                scope_parts.append(checked_scope(owner_scope(kwargs, scope, func), f"{func.__qualname__}()"))
                 fingerprint_kwargs = {k: v for k, v in fingerprint_kwargs.items() if k != scope}
+            call_scope = join_scope(*scope_parts)
 
             store = idempotency_settings.STORE()
             acquisition = store.acquire(

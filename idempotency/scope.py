@@ -67,7 +67,14 @@ class UserScopeResolver:
                 f"{type(self).__qualname__} resolved tenant {tenant!r} and principal {principal!r}: both "
                 "must be non-empty, or every request of that tenant would share one keyspace."
             )
-        return f"{tenant}:{principal}"
+        return join_scope(tenant, principal)
+
+
+def join_scope(*parts: str) -> str:
+    """Parts joined by ":", each with its own "%" and ":" escaped, so that no two lists of parts
+    give one scope (tenant "a:b" with principal "c" is not tenant "a" with principal "b:c").
+    Parts without either character (a pk, "-") are unchanged."""
+    return ":".join(part.replace("%", "%25").replace(":", "%3A") for part in parts)
 
 
 def checked_scope(scope, source) -> str:

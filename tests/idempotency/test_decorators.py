@@ -182,8 +182,8 @@ def test_two_owners_with_the_same_key_get_their_own_results(user, other_user):
     assert pay(owner=other_user, amount=5, idempotency_key="order-1") == bob
     assert calls == ["alice", "bob"]
     assert set(IdempotencyRecord.objects.values_list("scope", flat=True)) == {
-        f"fn:pay:auth.user:{user.pk}",
-        f"fn:pay:auth.user:{other_user.pk}",
+        f"fn:pay:auth.user%3A{user.pk}",
+        f"fn:pay:auth.user%3A{other_user.pk}",
     }
 
 
@@ -237,3 +237,28 @@ def test_a_scope_that_is_neither_a_keyword_a_callable_nor_global_is_refused(scop
 
     with pytest.raises(ImproperlyConfigured, match="scope"):
         idempotent(operation="odd", scope=scope)
+
+
+def test_scopes_whose_parts_hold_colons_never_collide():
+    """Operation "x" for owner "y:z" and operation "x:y" for owner "z" are two keyspaces."""
+    calls = []
+
+    def make(operation):
+        @idempotent(operation=operation, scope="owner")
+        def act(*, owner, idempotency_key):
+            calls.append(operation)
+            return operation
+
+        return act
+
+    assert make("x")(owner="y:z", idempotency_key="k") == "x"
+    assert make("x:y")(owner="z", idempotency_key="k") == "x:y"
+    assert calls == ["x", "x:y"]
+    assert IdempotencyRecord.objects.filter(key="k").count() == 2
+
+
+def test_a_tenant_holding_a_colon_is_not_another_tenants_principal():
+    from idempotency.scope import join_scope
+
+    assert join_scope("a:b", "c") != join_scope("a", "b:c")
+    assert join_scope("-", "42") == "-:42"  # unchanged for the default tenant and a pk
