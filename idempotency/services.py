@@ -23,7 +23,7 @@ _NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 class InvalidCommand(BadRequest, ValueError):
     """A command no database stores alike: a NUL character (SQLite keeps it, PostgreSQL's text
-    and jsonb refuse it), or a payload nested too deep to serialise. A BadRequest, so that a
+    and jsonb refuse it), NaN or infinity, or a payload nested too deep to serialise. A BadRequest, so that a
     view that lets it through answers 400, and its Idempotency-Key is free again."""
 
 
@@ -63,7 +63,10 @@ def accept(
                 deadline=command.deadline,
             )
     except IntegrityError:
-        operation = Operation.objects.get(scope=command.scope, idem_key=command.idem_key.value)
+        # The race on (scope, key): its winner's row. Any other violation is raised as it is.
+        operation = Operation.objects.filter(scope=command.scope, idem_key=command.idem_key.value).first()
+        if operation is None:
+            raise
         if (operation.domain, operation.event_type, operation.payload) != (
             command.domain,
             command.event_type,
@@ -91,10 +94,15 @@ def _check_storable(command: Command) -> None:
             raise InvalidCommand(f"The command's {name} holds a NUL character.")
     try:
         # As JSONField serialises it (types it cannot take are the ORM's error, not this one).
-        serialised = json.dumps(command.payload, default=str)
+        serialised = json.dumps(command.payload, default=str, allow_nan=False)
     except RecursionError:
         raise InvalidCommand("The command's payload is nested too deep to store.") from None
-    except ValueError:
-        return  # a circular payload: the ORM refuses it as it always did
+    except ValueError as exc:
+        if "Circular reference" in str(exc):
+            return  # a circular payload: the ORM refuses it as it always did
+        # 1e999 parses to inf: jsonb and SQLite's JSON_VALID refuse it.
+        raise InvalidCommand(
+            "The command's payload holds a number JSON cannot carry (NaN or infinity)."
+        ) from None
     if "\\u0000" in serialised and _NUL_ESCAPE.search(serialised):
         raise InvalidCommand("The command's payload holds a NUL character (\\u0000).")

@@ -177,3 +177,40 @@ def test_the_jobs_api_answers_a_nul_in_the_payload_with_a_400_and_frees_the_key(
     assert refused["Content-Type"] == "application/problem+json"
     corrected = send(client, "/api/jobs/", b'{"domain": "scan", "payload": {"x": "ab"}}', "job-nul")
     assert corrected.status_code == 201
+
+
+@pytest.mark.parametrize("number", [float("inf"), float("-inf"), float("nan")])
+def test_accept_refuses_a_number_json_cannot_carry(number):
+    """1e999 parses to inf: PostgreSQL's jsonb refuses it (DataError) and SQLite's JSON_VALID
+    check too (IntegrityError, once taken for a race on the key): a 500 either way before."""
+    from idempotency.models import Operation
+    from idempotency.services import InvalidCommand, accept
+
+    with pytest.raises(InvalidCommand, match="NaN or infinity"):
+        accept(command(payload={"x": [number]}))
+    assert not Operation.objects.exists()
+
+
+def test_the_jobs_api_answers_1e999_with_a_400_and_frees_the_key(client_for, user):
+    client = client_for(user)
+    refused = send(client, "/api/jobs/", b'{"domain": "scan", "payload": {"x": 1e999}}', "job-inf")
+    assert refused.status_code == 400
+    assert refused["Content-Type"] == "application/problem+json"
+    corrected = send(client, "/api/jobs/", b'{"domain": "scan", "payload": {"x": 1}}', "job-inf")
+    assert corrected.status_code == 201
+
+
+def test_an_integrity_error_that_is_not_the_keys_race_is_raised_not_taken_for_one(monkeypatch):
+    """Only a row of the same (scope, key) makes an IntegrityError the race; any other
+    violation is raised as it is, never turned into a DoesNotExist."""
+    from django.db import IntegrityError
+
+    from idempotency.models import Operation
+    from idempotency.services import accept
+
+    def violate(*args, **kwargs):
+        raise IntegrityError("CHECK constraint failed: some other constraint")
+
+    monkeypatch.setattr(Operation.objects, "create", violate)
+    with pytest.raises(IntegrityError, match="some other constraint"):
+        accept(command())
