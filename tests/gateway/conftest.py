@@ -35,7 +35,18 @@ def other_cookie(other_user):
 
 @pytest.fixture
 def staff_cookie(django_user_model):
+    """Staff with no permission: is_staff alone opens no other user's job."""
     return login_cookie(django_user_model.objects.create_user("ops", password="x", is_staff=True))
+
+
+@pytest.fixture
+def viewer_cookie(django_user_model):
+    """A user (not staff) with the job model's view permission: every job is open to them."""
+    from django.contrib.auth.models import Permission
+
+    viewer = django_user_model.objects.create_user("auditor", password="x")
+    viewer.user_permissions.add(Permission.objects.get(codename="view_operation"))
+    return login_cookie(viewer)
 
 
 @pytest.fixture

@@ -71,12 +71,31 @@ def test_get_own_job_and_404_for_others(api_client, other_user, user):
     assert stranger.get("/api/jobs/not-a-uuid/").status_code == 404
 
 
-def test_staff_sees_every_job(api_client, django_user_model):
+def logged_in(user):
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def test_staff_alone_opens_no_other_users_job(api_client, django_user_model):
     job_id = create(api_client).json()["job_id"]
     staff = django_user_model.objects.create_user("ops", password="x", is_staff=True)
-    client = Client()
-    client.force_login(staff)
-    assert client.get(f"/api/jobs/{job_id}/").status_code == 200
+    response = logged_in(staff).get(f"/api/jobs/{job_id}/")
+    assert response.status_code == 404 and response["Content-Type"] == "application/problem+json"
+    assert "payload" not in response.json()
+
+
+def test_the_view_permission_opens_every_job_staff_or_not(api_client, django_user_model):
+    from django.contrib.auth.models import Permission
+
+    job_id = create(api_client).json()["job_id"]
+    viewer = django_user_model.objects.create_user("auditor", password="x")  # not staff
+    viewer.user_permissions.add(Permission.objects.get(codename="view_operation"))
+    response = logged_in(viewer).get(f"/api/jobs/{job_id}/")
+    assert response.status_code == 200 and response.json()["payload"] == {"n": 1}
+    root = django_user_model.objects.create_superuser("root", password="x")
+    assert logged_in(root).get(f"/api/jobs/{job_id}/").status_code == 200
+    assert api_client.get(f"/api/jobs/{job_id}/").status_code == 200  # the owner, always
 
 
 def test_anonymous_is_401(client):

@@ -128,9 +128,15 @@ async def test_resume_sends_only_what_follows_last_seq(job, cookie):
     assert await socket.receive_nothing(timeout=0.3)
 
 
-async def test_staff_may_watch_any_job(job, staff_cookie):
+async def test_staff_without_the_view_permission_get_4404(job, staff_cookie):
     await publish_and_route(job, SCAN[:2])
     socket = await open_socket(f"/ws/jobs/{job.op_id}/", staff_cookie)
+    await closed_with(socket, 4404)
+
+
+async def test_the_view_permission_may_watch_any_job(job, viewer_cookie):
+    await publish_and_route(job, SCAN[:2])
+    socket = await open_socket(f"/ws/jobs/{job.op_id}/", viewer_cookie)
     assert [f["seq"] for f in await frames_until(socket, 11)] == [10, 11]
 
 
