@@ -2,6 +2,7 @@
 
 from rest_framework import status
 from rest_framework.exceptions import NotFound
+from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -13,6 +14,7 @@ from idempotency.exceptions import IdempotencyKeyMismatch
 from idempotency.problems import problem_from_error
 from idempotency.services import Command, accept
 
+from .parsers import JSONParser
 from .selectors import visible_operations
 from .serializers import JobRequestSerializer
 
@@ -27,9 +29,14 @@ def job_body(operation, request):
     }
 
 
+# DRF's default parsers, with a body nested too deep for Python's JSON parser a 400 (gateway.parsers).
+JOB_PARSERS = [JSONParser, FormParser, MultiPartParser]
+
+
 class JobListView(APIView):
     # Whatever the project's REST_FRAMEWORK defaults: jobs belong to a user.
     permission_classes = [IsAuthenticated]
+    parser_classes = JOB_PARSERS
 
     @idempotency_key("required", atomic=True)
     def post(self, request):
@@ -53,6 +60,7 @@ class JobListView(APIView):
 
 class JobDetailView(APIView):
     permission_classes = [IsAuthenticated]
+    parser_classes = JOB_PARSERS
 
     def get(self, request, job_id):
         operation = visible_operations(request.user).filter(op_id=job_id).first()

@@ -1,5 +1,6 @@
 """The jobs API contract of SPEC §3."""
 
+import json
 import uuid
 
 import pytest
@@ -169,3 +170,59 @@ def test_the_page_offers_every_registered_job_type_with_its_stages(client, user)
     assert by_name["staged"]["stages"] == ["first", "second", "third", "done"]
     assert by_name["chat"]["example_payload"] == {"prompt": "exactly-once delivery"}
     assert '<option value="staged">staged</option>' in page
+
+
+# Bad payloads: a 400 problem on every database, and the key is free for the corrected request.
+
+
+def post_raw(client, body: str, key: str):
+    return client.post("/api/jobs/", data=body, content_type="application/json", HTTP_IDEMPOTENCY_KEY=key)
+
+
+def nested(depth: int) -> str:
+    """A JSON object `depth` objects deep: {"a":{"a":...{}}}."""
+    return '{"a":' * (depth - 1) + "{}" + "}" * (depth - 1)
+
+
+def assert_problem_400(response):
+    assert response.status_code == 400, response.content
+    assert response["Content-Type"] == "application/problem+json"
+    body = response.json()
+    assert body["status"] == 400 and body["title"] and body["detail"] and body["type"]
+    return body
+
+
+def test_a_body_nested_too_deep_to_parse_is_400_and_the_key_is_free_again(api_client):
+    deep = post_raw(api_client, f'{{"domain": "scan", "payload": {nested(5000)}}}', key="deep")
+    assert "nested too deep" in assert_problem_400(deep)["detail"]
+    assert not Operation.objects.exists()
+    again = create(api_client, key="deep")
+    assert again.status_code == 201, again.content
+    assert "Idempotent-Replayed" not in again
+
+
+def test_a_payload_nested_past_the_limit_is_400_and_the_key_is_free_again(api_client, settings):
+    assert (
+        create(api_client, key="32", body={"domain": "scan", "payload": json.loads(nested(32))}).status_code
+        == 201
+    )
+    deep = post_raw(api_client, f'{{"domain": "scan", "payload": {nested(33)}}}', key="33")
+    assert "32" in str(assert_problem_400(deep)["errors"]["payload"])
+    in_a_list = {"domain": "scan", "payload": {"a": [[[1]]]}}
+    settings.GATEWAY = {"PAYLOAD_MAX_DEPTH": 3}
+    assert_problem_400(create(api_client, key="list", body=in_a_list))
+    settings.GATEWAY = {"PAYLOAD_MAX_DEPTH": 4}
+    assert create(api_client, key="list", body=in_a_list).status_code == 201
+    assert create(api_client, key="33").status_code == 201
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [{"a": "nul\u0000here"}, {"nul\u0000key": 1}, {"a": [{"b": ["ok", "\u0000"]}]}],
+    ids=["value", "key", "nested"],
+)
+def test_a_nul_character_in_the_payload_is_400_on_every_database(api_client, payload):
+    bad = create(api_client, key="nul", body={"domain": "scan", "payload": payload})
+    assert "NUL" in str(assert_problem_400(bad)["errors"]["payload"])
+    assert not Operation.objects.exists()
+    assert create(api_client, key="nul").status_code == 201
