@@ -20,6 +20,9 @@ from json.encoder import encode_basestring_ascii as _quote
 from .keys import JobKeys
 
 FIELDS = (b"job_id", b"domain", b"stage", b"seq", b"prev_seq", b"data")
+# A seq's digits at most: a 64-bit integer's, as Redis keeps them. Longer, int() may refuse it
+# (ValueError past 4,300 digits), which is no reason for the entry to escape its dead letter.
+MAX_SEQ_DIGITS = 19
 # Fields a dead letter adds to the original ones (stripped again by the redrive).
 DEAD_LETTER_FIELDS = (b"reason", b"original_stream_id", b"deliveries")
 
@@ -87,8 +90,10 @@ class RoutedEvent:
 
 def _int_field(fields: dict, name: bytes) -> int:
     raw = fields[name]
-    if not raw.isdigit():
-        raise MalformedEntry(f"{name.decode()} {raw[:40]!r} is not a non-negative integer")
+    if not raw.isdigit() or len(raw) > MAX_SEQ_DIGITS:
+        raise MalformedEntry(
+            f"{name.decode()} {raw[:40]!r} is not a non-negative integer of at most {MAX_SEQ_DIGITS} digits"
+        )
     return int(raw)
 
 
@@ -119,6 +124,8 @@ def parse_entry(domain: str, shard: int, stream_id: str, fields: dict[bytes, byt
         json.loads(data)
     except ValueError as exc:
         raise MalformedEntry(f"data is not JSON: {exc}") from None
+    except RecursionError:
+        raise MalformedEntry("data is not JSON this parser reads: nested too deep") from None
     head = event_head(domain=domain, job_id=job_id, stage=stage, seq=seq, data_json=data)
     return RoutedEvent(keys, stream_id, seq, prev_seq, event_json(head, prev_seq, stream_id))
 

@@ -22,7 +22,11 @@ def latest_event(domain: str, job_id: str) -> dict | None:
     except (RedisError, UnknownDomain):
         logger.warning("latest event of %s %s unavailable", domain, job_id, exc_info=True)
         return None
-    return json.loads(raw) if raw else None
+    try:
+        return json.loads(raw) if raw else None
+    except (ValueError, RecursionError):  # not the bus's: a key written by someone else
+        logger.warning("latest event of %s %s is not JSON; ignored", domain, job_id)
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,3 +71,5 @@ def _backfill(raws, applied, state) -> Backfill | ValueError:
         )
     except ValueError as exc:
         return exc
+    except RecursionError:
+        return ValueError("the job's history holds JSON nested too deep to read")

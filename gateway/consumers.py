@@ -53,6 +53,9 @@ logger = logging.getLogger(__name__)
 
 BAD_REQUEST, NOT_LOGGED_IN, NOT_FOUND, TOO_SLOW = 4400, 4401, 4404, 4008
 MAX_SEQ = 2**53
+# Digits of the longest last_seq taken: int() refuses more than 4,300 (ValueError), and no seq
+# is longer than MAX_SEQ's 16 anyway.
+MAX_SEQ_DIGITS = len(str(MAX_SEQ))
 # A lost or refused database connection (database_sync_to_async drops it: the next try gets a new one).
 DATABASE_AWAY = (OperationalError, InterfaceError)
 # The job's outcome is known (its final event carries it too, if it was published).
@@ -73,9 +76,16 @@ def parse_last_seq(query_string: bytes) -> int:
     except UnicodeDecodeError:
         raise RefuseConnection(BAD_REQUEST, "The query string is not ASCII.") from None
     values = params.get("last_seq", ["0"])
-    if len(values) != 1 or not values[0].isdigit() or not values[0].isascii() or int(values[0]) > MAX_SEQ:
+    if (
+        len(values) != 1
+        or not (values[0].isascii() and values[0].isdigit())
+        or len(values[0]) > MAX_SEQ_DIGITS
+    ):
         raise RefuseConnection(BAD_REQUEST, "last_seq must be one integer >= 0.")
-    return int(values[0])
+    last_seq = int(values[0])
+    if last_seq > MAX_SEQ:
+        raise RefuseConnection(BAD_REQUEST, "last_seq must be one integer >= 0.")
+    return last_seq
 
 
 def parse_job_id(raw: str) -> uuid.UUID:

@@ -405,7 +405,7 @@ class Hub:
                 try:
                     # Once, whatever the sockets on the channel.
                     frame = Frame(message["data"], json.loads(message["data"]))
-                except (ValueError, TypeError, KeyError, AttributeError):
+                except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
                     # Not the router's: nobody else may stop the stream of every socket.
                     logger.warning("gateway hub: ignored a message on %s that is not an event", channel)
                     return

@@ -115,6 +115,16 @@ def test_get_shows_the_latest_event(api_client, redis_client):
     assert latest["seq"] == 20 and latest["stage"] == "rule" and latest["data"] == {"progress": 40}
 
 
+@pytest.mark.parametrize("corrupt", [b"not json", b"[" * 100_000 + b"]" * 100_000])
+def test_a_state_key_that_is_not_json_gives_no_latest_event_not_a_500(api_client, redis_client, corrupt):
+    from eventbus.keys import JobKeys
+
+    job_id = create(api_client).json()["job_id"]
+    redis_client.set(JobKeys("scan", job_id).state, corrupt)  # not the bus's: written by someone else
+    response = api_client.get(f"/api/jobs/{job_id}/")
+    assert response.status_code == 200 and response.json()["latest_event"] is None
+
+
 def test_the_demo_users_token_authenticates_the_api(settings, tmp_path):
     """The README's way to a token: `ensure_demo_user --token` (what `make run` prints too), or DRF's
     `drf_create_token demo`; the same token each time, and it opens POST /api/jobs/."""
