@@ -8,6 +8,7 @@ from django.test import Client
 from eventbus import publish_event
 from eventbus.router import Router
 from gateway.hub import close_hub
+from gateway.sessions import close_session_watch
 from idempotency.models import Operation
 
 
@@ -15,6 +16,7 @@ from idempotency.models import Operation
 async def hub_closed():
     yield
     await close_hub()
+    await close_session_watch()
 
 
 def login_cookie(user):
