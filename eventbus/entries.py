@@ -17,6 +17,8 @@ import json
 from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii as _quote
 
+from django.core.serializers.json import DjangoJSONEncoder
+
 from .keys import JobKeys
 
 FIELDS = (b"job_id", b"domain", b"stage", b"seq", b"prev_seq", b"data")
@@ -27,8 +29,11 @@ MAX_SEQ_DIGITS = 19
 DEAD_LETTER_FIELDS = (b"reason", b"original_stream_id", b"deliveries")
 
 
-class _DataEncoder(json.JSONEncoder):
-    """Compact JSON; NaN and Infinity refused (not JSON: a browser's JSON.parse fails on them)."""
+class _DataEncoder(DjangoJSONEncoder):
+    """Compact JSON; NaN and Infinity refused (not JSON: a browser's JSON.parse fails on them).
+    What Django's encoder takes besides JSON's own types (Decimal as a string, datetime, date,
+    time and timedelta as ISO 8601, UUID and lazy strings as strings) is taken: its `default`
+    runs for those only, so plain data costs nothing more."""
 
     def __init__(self):
         super().__init__(separators=(",", ":"), allow_nan=False)

@@ -212,7 +212,7 @@ def test_job_failed_ends_the_job_with_its_reason(redis_client, make_operation, t
             "progress": 100,
             "state": "FAILED",
             "final": True,
-            "error": "refused by the payload",
+            "error": {"stage": "second", "type": "JobFailed", "message": "refused by the payload"},
             "code": 7,
         }
     ]

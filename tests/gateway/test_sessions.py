@@ -69,7 +69,10 @@ def bobs_job(other_user):
 
 async def watch(application, job, client):
     socket = await open_socket(
-        f"/ws/jobs/{job.op_id}/", client.cookies["sessionid"].value, application=application, subscribed_to=job
+        f"/ws/jobs/{job.op_id}/",
+        client.cookies["sessionid"].value,
+        application=application,
+        subscribed_to=job,
     )
     assert await socket.receive_nothing(timeout=CHECK_SECONDS * 4)  # open, and checked since
     return socket
