@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,6 +32,9 @@ logger = logging.getLogger(__name__)
 # traceback as staff see it (the admin), at most this long.
 MAX_ERROR_MESSAGE = 1_000
 MAX_TRACEBACK = 20_000
+# A NUL character in JSON text: "\u0000" after an even number of backslashes (each pair is an
+# escaped backslash). PostgreSQL's jsonb refuses it; SQLite stores it.
+_JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
 class DeadlinePassed(Exception):
@@ -104,12 +108,12 @@ def run_stages(operation, job: JobType, *, after_event: Callable[[], None]) -> d
         )
         try:
             result = run_stage(job, ctx)
+            _finish(operation, planned.name, result, ctx.events)
         except DeadlinePassed:
             raise  # the job times out: no fault of the stage's
         except Exception as exc:
             _record_failure(operation, planned.name, exc)
             raise
-        _finish(operation, planned.name, result, ctx.events)
         results[planned.name] = result
     return results
 
@@ -128,11 +132,22 @@ def recorded(stage: str, result):
     re-run of the job all see (a Decimal is its string, a datetime its ISO 8601 text: Django's
     JSON encoder's forms). TypeError when it has none."""
     try:
-        return json.loads(json.dumps(result, cls=DjangoJSONEncoder, allow_nan=False))
+        text = json.dumps(result, cls=DjangoJSONEncoder, allow_nan=False)
     except (TypeError, ValueError, RecursionError) as exc:
         raise TypeError(
             f"Stage {stage!r} must return JSON-serialisable data (it is recorded): {exc}"
         ) from exc
+    _refuse_nul(stage, "result", text)
+    return json.loads(text)
+
+
+def _refuse_nul(stage: str, what: str, text: str) -> None:
+    """One answer on every database for a NUL in what a stage records: its job fails, clearly."""
+    if "\\u0000" in text and _JSON_NUL.search(text):
+        raise TypeError(
+            f"Stage {stage!r}: its {what} holds a NUL character (\\u0000), which not every "
+            "database stores (PostgreSQL's jsonb refuses it)"
+        )
 
 
 def final_event_data(job: type[JobType] | JobType, state: str, **data) -> dict:
@@ -156,6 +171,7 @@ def _start(operation, stage: str) -> int:
 
 
 def _finish(operation, stage: str, result, events: list) -> None:
+    _refuse_nul(stage, "events", json.dumps(events, cls=DjangoJSONEncoder))
     StageRecord.objects.filter(operation=operation, stage=stage, finished_at__isnull=True).update(
         result=result,
         events=events,
