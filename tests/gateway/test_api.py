@@ -236,3 +236,8 @@ def test_a_nul_character_in_the_payload_is_400_on_every_database(api_client, pay
     assert "NUL" in str(assert_problem_400(bad)["errors"]["payload"])
     assert not Operation.objects.exists()
     assert create(api_client, key="nul").status_code == 201
+
+
+def test_a_nul_in_the_domain_is_400(api_client):
+    bad = create(api_client, key="nul-domain", body={"domain": "sc\u0000an", "payload": {}})
+    assert "domain" in assert_problem_400(bad)["errors"]
