@@ -30,7 +30,7 @@ from .conf import eventbus_settings
 from .jobtypes import JobFailed, JobType, UnknownJobType, job_type
 from .keys import JobKeys, UnknownDomain
 from .redis import get_redis
-from .stages import DeadlinePassed, publish_final, run_stages
+from .stages import DeadlinePassed, failure_of, publish_final, run_stages
 
 logger = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ def run(job_id: str, *, fail_on_transient: bool = True) -> str:
         lease = RunLease(operation)
     except (UnknownJobType, UnknownDomain) as exc:
         logger.error("Job %s failed: %s", job_id, exc)
-        return _conclude(operation, None, State.FAILED, error=type(exc).__name__)
+        return _conclude(operation, None, State.FAILED, error=failure_of(exc))
     if not lease.acquire():
         raise JobBusy(job_id, lease.retry_in())
     try:
@@ -150,7 +150,7 @@ def run(job_id: str, *, fail_on_transient: bool = True) -> str:
         return _conclude(operation, job, State.TIMED_OUT)
     except JobFailed as failure:
         logger.warning("Job %s failed: %s", job_id, failure.reason)
-        return _conclude(operation, job, State.FAILED, error=failure.reason, **failure.data)
+        return _conclude(operation, job, State.FAILED, **failure.data, error=failure_of(failure))
     except RunLeaseLost as exc:
         logger.warning("Job %s: %s; its new run finishes it", job_id, exc)
         return "lease_lost"
@@ -159,10 +159,10 @@ def run(job_id: str, *, fail_on_transient: bool = True) -> str:
             logger.warning("Job %s interrupted (%s: %s); it will be retried", job_id, type(exc).__name__, exc)
             raise
         logger.exception("Job %s failed: %s, retries exhausted", job_id, type(exc).__name__)
-        return _conclude(operation, job, State.FAILED, error=type(exc).__name__)
+        return _conclude(operation, job, State.FAILED, error=failure_of(exc))
     except Exception as exc:
         logger.exception("Job %s failed: %s: %s", job_id, type(exc).__name__, exc)
-        return _conclude(operation, job, State.FAILED, error=type(exc).__name__)
+        return _conclude(operation, job, State.FAILED, error=failure_of(exc))
     finally:
         lease.release()
 

@@ -25,7 +25,8 @@
         def outcome(self, results):             # data of the job's final event
             return {"out": results["encode"]["out"]}
 
-A stage's work is plain Python. Its return value (JSON-serialisable) is recorded durably when
+A stage's work is plain Python. Its return value (JSON, or what Django's DjangoJSONEncoder takes:
+a Decimal is recorded as its string, a datetime as ISO 8601...) is recorded durably when
 the stage finishes, with the events it reported; a re-run of the job (a worker killed, a task
 redelivered) skips finished stages, republishes their recorded events (the bus drops the
 copies) and runs again only the stage that was in flight. `ctx.key` (job id + stage) is stable
@@ -69,9 +70,10 @@ class InvalidPayload(ValueError):
 
 
 class JobFailed(Exception):
-    """Raised by a stage to end the job FAILED, with `reason` in its final event. Any other
-    exception fails the job too (with the exception's type), except Redis or database errors,
-    which are retried."""
+    """Raised by a stage to end the job FAILED, with `reason` as the message of its error (the
+    job's detail and final event: `{"stage", "type": "JobFailed", "message": reason}`) and `data`
+    in its final event. Any other exception fails the job too (its type and message), except
+    Redis or database errors, which are retried."""
 
     def __init__(self, reason: str, **data):
         super().__init__(reason)

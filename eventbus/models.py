@@ -1,3 +1,4 @@
+from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 from django.utils import timezone
 
@@ -11,11 +12,19 @@ class StageRecord(models.Model):
     operation = models.ForeignKey(Operation, on_delete=models.CASCADE, related_name="stage_records")
     stage = models.CharField(max_length=64)
     attempts = models.PositiveIntegerField(default=0, help_text="runs that started this stage")
-    result = models.JSONField(null=True, blank=True)
-    # [[stage, seq, data], ...] in the order they were published.
-    events = models.JSONField(default=list, blank=True)
+    # The stage's result in its JSON form (eventbus.stages.recorded).
+    result = models.JSONField(null=True, blank=True, encoder=DjangoJSONEncoder)
+    # [[stage, seq, data], ...] in the order they were published (data as the bus encodes it).
+    events = models.JSONField(default=list, blank=True, encoder=DjangoJSONEncoder)
     started_at = models.DateTimeField(default=timezone.now)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # The last failure of an attempt of the stage (eventbus.stages.describe), until an attempt
+    # finishes it: its type and message are the job's error as its owner sees it; the traceback
+    # is for staff (the admin).
+    error_type = models.CharField(max_length=200, null=True, blank=True)
+    error_message = models.TextField(null=True, blank=True)
+    error_traceback = models.TextField(null=True, blank=True)
+    failed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -23,7 +32,8 @@ class StageRecord(models.Model):
         ]
 
     def __str__(self):
-        return f"{self.operation_id} {self.stage} ({'finished' if self.finished_at else 'in flight'})"
+        status = "finished" if self.finished_at else "failed" if self.error_type else "in flight"
+        return f"{self.operation_id} {self.stage} ({status})"
 
     @property
     def finished(self) -> bool:

@@ -12,18 +12,29 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.core.serializers.json import DjangoJSONEncoder
 from django.db.models import F
 from django.utils import timezone
 
-from .jobtypes import FINAL_STAGE, JobType, PlannedStage
+from .jobtypes import FINAL_STAGE, JobFailed, JobType, PlannedStage
 from .models import StageRecord
 from .publish import publish_event
 
 logger = logging.getLogger(__name__)
+
+# A failure's message as the job's owner sees it (the job's detail, its final event), and its
+# traceback as staff see it (the admin), at most this long.
+MAX_ERROR_MESSAGE = 1_000
+MAX_TRACEBACK = 20_000
+# A NUL character in JSON text: "\u0000" after an even number of backslashes (each pair is an
+# escaped backslash). PostgreSQL's jsonb refuses it; SQLite stores it.
+_JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
 class DeadlinePassed(Exception):
@@ -95,18 +106,48 @@ def run_stages(operation, job: JobType, *, after_event: Callable[[], None]) -> d
         ctx = StageContext(
             job_id, domain, operation.payload, planned.name, attempt, dict(results), planned, emit
         )
-        result = run_stage(job, ctx)
-        _finish(operation, planned.name, result, ctx.events)
+        try:
+            result = run_stage(job, ctx)
+            _finish(operation, planned.name, result, ctx.events)
+        except DeadlinePassed:
+            raise  # the job times out: no fault of the stage's
+        except Exception as exc:
+            _record_failure(operation, planned.name, exc)
+            raise
         results[planned.name] = result
     return results
 
 
 def run_stage(job: JobType, ctx: StageContext):
-    """One stage's work; a stage that reported nothing still gets an event: it finished."""
-    result = job.work_of(ctx._planned.stage)(ctx)
+    """One stage's work, its result as recorded; a stage that reported nothing still gets an
+    event: it finished."""
+    result = recorded(ctx.stage, job.work_of(ctx._planned.stage)(ctx))
     if not ctx.events:
         ctx.report(done=1, of=1)
     return result
+
+
+def recorded(stage: str, result):
+    """The stage's result in its JSON form, as recorded: what later stages, the outcome and a
+    re-run of the job all see (a Decimal is its string, a datetime its ISO 8601 text: Django's
+    JSON encoder's forms). TypeError when it has none."""
+    try:
+        text = json.dumps(result, cls=DjangoJSONEncoder, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise TypeError(
+            f"Stage {stage!r} must return JSON-serialisable data (it is recorded): {exc}"
+        ) from exc
+    _refuse_nul(stage, "result", text)
+    return json.loads(text)
+
+
+def _refuse_nul(stage: str, what: str, text: str) -> None:
+    """One answer on every database for a NUL in what a stage records: its job fails, clearly."""
+    if "\\u0000" in text and _JSON_NUL.search(text):
+        raise TypeError(
+            f"Stage {stage!r}: its {what} holds a NUL character (\\u0000), which not every "
+            "database stores (PostgreSQL's jsonb refuses it)"
+        )
 
 
 def final_event_data(job: type[JobType] | JobType, state: str, **data) -> dict:
@@ -130,12 +171,74 @@ def _start(operation, stage: str) -> int:
 
 
 def _finish(operation, stage: str, result, events: list) -> None:
-    try:
-        json.dumps(result, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(
-            f"Stage {stage!r} must return JSON-serialisable data (it is recorded): {exc}"
-        ) from exc
+    _refuse_nul(stage, "events", json.dumps(events, cls=DjangoJSONEncoder))
     StageRecord.objects.filter(operation=operation, stage=stage, finished_at__isnull=True).update(
-        result=result, events=events, finished_at=timezone.now()
+        result=result,
+        events=events,
+        finished_at=timezone.now(),
+        # An earlier attempt's failure (retried, or a run that was interrupted) is over.
+        error_type=None,
+        error_message=None,
+        error_traceback=None,
+        failed_at=None,
     )
+
+
+# -- failures -------------------------------------------------------------------------------------
+
+
+def _bounded(text: str, limit: int, *, keep_end: bool = False) -> str:
+    if len(text) <= limit:
+        return text
+    return "…" + text[-(limit - 1) :] if keep_end else text[: limit - 1] + "…"
+
+
+def describe(exc: BaseException, stage: str | None = None) -> dict:
+    """A failure as the job's owner sees it: the stage (None: outside any stage), the
+    exception's type and its message (a JobFailed's reason), bounded. Nothing but what the
+    exception says: no locals, no traceback (staff see that in the admin)."""
+    try:
+        message = exc.reason if isinstance(exc, JobFailed) else str(exc)
+    except Exception:  # an exception whose __str__ fails
+        message = ""
+    return {"stage": stage, "type": type(exc).__name__, "message": _bounded(message, MAX_ERROR_MESSAGE)}
+
+
+def failure_of(exc: BaseException) -> dict:
+    """describe(exc), with the stage it came from when a stage raised it (run_stages says so)."""
+    return getattr(exc, "_eventbus_failure", None) or describe(exc)
+
+
+def _record_failure(operation, stage: str, exc: Exception) -> None:
+    """Keep the failure on the stage's record (its traceback too, for the admin), and say which
+    stage it came from to whoever ends the job (failure_of). Another attempt clears it when it
+    finishes the stage."""
+    failure = describe(exc, stage)
+    try:
+        exc._eventbus_failure = failure  # type: ignore[attr-defined]
+    except AttributeError:  # an exception type with __slots__: the failure is told without its stage
+        pass
+    try:
+        StageRecord.objects.filter(operation=operation, stage=stage, finished_at__isnull=True).update(
+            error_type=failure["type"],
+            error_message=failure["message"],
+            error_traceback=_bounded("".join(traceback.format_exception(exc)), MAX_TRACEBACK, keep_end=True),
+            failed_at=timezone.now(),
+        )
+    except Exception:  # the database away: the failure is still logged and told in the final event
+        logger.warning(
+            "Job %s: could not record the failure of stage %s", operation.op_id, stage, exc_info=True
+        )
+
+
+def recorded_failure(operation) -> dict | None:
+    """The failure kept on the job's unfinished stage that failed last (describe()'s shape), or None."""
+    record = (
+        StageRecord.objects.filter(operation=operation, finished_at__isnull=True, error_type__isnull=False)
+        .order_by("-failed_at")
+        .only("stage", "error_type", "error_message")
+        .first()
+    )
+    if record is None:
+        return None
+    return {"stage": record.stage, "type": record.error_type, "message": record.error_message or ""}

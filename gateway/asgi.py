@@ -12,7 +12,8 @@ and it lets go of the user once it has authorized the socket.
 
 A handshake with a bad Origin or a path that is no job stream is refused (HTTP 403, as channels'
 WebsocketDenier does); a socket without a logged-in user is accepted and closed with 4401 by the
-consumer, so that the client learns why.
+consumer, so that the client learns why. The consumer keeps the session's key (a short string):
+the socket is closed with 4401 once the session ends (gateway.sessions).
 """
 
 from __future__ import annotations
@@ -56,7 +57,9 @@ class JobStreamApplication:
             await self._deny(receive, send)
             return
         app, own_scope = routed
-        own_scope["user"] = await session_user(self._session_key(scope))
+        session_key = self._session_key(scope)
+        own_scope["user"] = await session_user(session_key)
+        own_scope["session_key"] = session_key  # checked again while the socket lives (gateway.sessions)
         # The server's scope (its headers) is not kept by this frame while the socket lives.
         del scope
         consumer_class = getattr(app, "consumer_class", None)

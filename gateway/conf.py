@@ -12,6 +12,14 @@ DEFAULTS = {
     "READ_CONNECTIONS": 8,
     # Pause before the hub reconnects after Redis dropped its connection (doubles up to 2 s).
     "RECONNECT_DELAY": 0.05,
+    # How deep a job's payload may nest (the payload object is level 1, each object or array in
+    # it one more): a deeper one is refused with a 400 problem, as it would cost every reader of
+    # it (the database's JSON, the stage's code) a recursion per level.
+    "PAYLOAD_MAX_DEPTH": 32,
+    # Seconds between two checks of the sessions of the process's sockets: a socket whose session
+    # ended since it was authorized (a logout, a password change, the user deactivated) is closed
+    # with 4401 within this. One bulk check per process (gateway.sessions). 0 or None: no checks.
+    "SESSION_CHECK_SECONDS": 60,
 }
 
 gateway_settings = AppSettings("GATEWAY", DEFAULTS)

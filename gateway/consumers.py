@@ -10,7 +10,9 @@ job's state snapshot and `recovered: false`: never a silent gap. A client of a j
 (the database says so) never waits for an event that will not come: when Redis has nothing of
 the job left, or no final event of it, the client gets the outcome as a reset from the database.
 
-Close codes: 4400 bad parameters, 4401 not logged in, 4404 no such job or not yours (one code
+Close codes: 4400 bad parameters, 4401 not logged in (at connect, or the session ended since:
+a logout, a password change, the user deactivated; gateway.sessions checks them every
+GATEWAY["SESSION_CHECK_SECONDS"]), 4404 no such job or not yours (one code
 for both, as the HTTP API's 404: a stranger learns nothing), 4008 client too slow, 1011 the
 server failed (the client resumes with last_seq), or refuses to stream from a Redis that is not
 safe for the bus (EVENTBUS["REDIS_DURABILITY"] = "refuse").
@@ -38,6 +40,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from eventbus.conf import eventbus_settings
+from eventbus.entries import MAX_SEQ, MAX_SEQ_DIGITS
 from eventbus.selectors import job_channel
 from idempotency.models import Operation
 
@@ -47,12 +50,12 @@ from .conf import gateway_settings
 from .hub import Frame, History, get_hub
 from .selectors import visible_operations
 from .servers import ClientGone
+from .sessions import get_session_watch
 from .states import job_state
 
 logger = logging.getLogger(__name__)
 
 BAD_REQUEST, NOT_LOGGED_IN, NOT_FOUND, TOO_SLOW = 4400, 4401, 4404, 4008
-MAX_SEQ = 2**53
 # A lost or refused database connection (database_sync_to_async drops it: the next try gets a new one).
 DATABASE_AWAY = (OperationalError, InterfaceError)
 # The job's outcome is known (its final event carries it too, if it was published).
@@ -73,9 +76,16 @@ def parse_last_seq(query_string: bytes) -> int:
     except UnicodeDecodeError:
         raise RefuseConnection(BAD_REQUEST, "The query string is not ASCII.") from None
     values = params.get("last_seq", ["0"])
-    if len(values) != 1 or not values[0].isdigit() or not values[0].isascii() or int(values[0]) > MAX_SEQ:
+    if (
+        len(values) != 1
+        or not (values[0].isascii() and values[0].isdigit())
+        or len(values[0]) > MAX_SEQ_DIGITS
+    ):
         raise RefuseConnection(BAD_REQUEST, "last_seq must be one integer >= 0.")
-    return int(values[0])
+    last_seq = int(values[0])
+    if last_seq > MAX_SEQ:
+        raise RefuseConnection(BAD_REQUEST, "last_seq must be one integer >= 0.")
+    return last_seq
 
 
 def parse_job_id(raw: str) -> uuid.UUID:
@@ -119,6 +129,9 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
     closing = False
     outcome_sent = False  # a reset told the client how the job ended
     state_stale = False  # self.operation.state may be out of date (Redis went away since)
+    # The session the socket was authorized with, and its user: checked again (gateway.sessions).
+    session_key: str | None = None
+    user_id = None
 
     async def __call__(self, scope, receive, send):
         """channels' consumer loop without its task per receive and its wait on them: this
@@ -139,6 +152,10 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
         # The user is needed to authorize the socket, not afterwards (gateway.asgi's scope is the
         # consumer's own; channels' URLRouter gives it a copy of its own too).
         user = self.scope.pop("user", None)
+        # gateway.asgi gives the session's key; channels' SessionMiddleware the session itself.
+        session_key = self.scope.pop("session_key", None) or getattr(
+            self.scope.get("session"), "session_key", None
+        )
         try:
             job_id = parse_job_id(self.scope["url_route"]["kwargs"]["job_id"])
             self.last_sent = parse_last_seq(self.scope.get("query_string", b""))
@@ -158,6 +175,9 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
         except RefuseConnection as refusal:
             await self.refuse(refusal.code, refusal.detail)
             return
+        if session_key:
+            self.session_key, self.user_id = session_key, user.pk
+            get_session_watch().add(self)
         self.hub = get_hub()
         try:
             await self.hub.check_durability()
@@ -179,6 +199,8 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
     async def disconnect(self, code):
         self.closing = True
         self.live = False
+        if self.session_key:
+            get_session_watch().discard(self)
         if self.channel:
             await self.hub.remove(self.channel, self)
         if self.state_check and not self.state_check.done():
@@ -226,10 +248,8 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
         if self.backlog is None:
             self.backlog = collections.deque()
         if len(self.backlog) >= gateway_settings.QUEUE_SIZE:
-            self.closing = True
-            self.live = False
             logger.info("job socket %s fell %d frames behind: closing 4008", self.job_id, len(self.backlog))
-            self.closer = asyncio.get_running_loop().create_task(self._close_slow())
+            self._close_with(TOO_SLOW, "Too slow: reconnect with last_seq to resume.")
             return
         self.backlog.append(frame)
 
@@ -309,16 +329,25 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
         self.live = False
         self.closer = asyncio.get_running_loop().create_task(self.close(1011))
 
-    async def _close_slow(self) -> None:
+    def session_ended(self) -> None:
+        """Called by the session watch: the session the socket was authorized with ended."""
+        if not self.closing:
+            logger.info("job socket %s: its session ended; closing 4401", self.job_id)
+            self._close_with(NOT_LOGGED_IN, "Your session ended: log in again.")
+
+    def _close_with(self, code: int, detail: str) -> None:
+        """Stop sending, then send the error frame and close, in a task of its own (kept: the loop
+        holds a task weakly)."""
+        self.closing = True
+        self.live = False
+        self.closer = asyncio.get_running_loop().create_task(self._close(code, detail))
+
+    async def _close(self, code: int, detail: str) -> None:
         task = self.catching_up
         if task and task is not asyncio.current_task():
             task.cancel()
-        await self.send(
-            text_data=json.dumps(
-                {"type": "error", "code": TOO_SLOW, "detail": "Too slow: reconnect with last_seq to resume."}
-            )
-        )
-        await self.close(TOO_SLOW)
+        await self.send(text_data=json.dumps({"type": "error", "code": code, "detail": detail}))
+        await self.close(code)
 
     async def _backfill_when_redis_answers(self) -> None:
         """A Redis blip (or a lost database connection, for the job's outcome) must not cost

@@ -3,7 +3,10 @@ to the file its payload names, so that tests can count executions across worker 
 Registered by the test settings (EVENTBUS["JOB_TYPES"])."""
 
 import time
+from decimal import Decimal
 from pathlib import Path
+
+from django.utils import timezone
 
 from eventbus.jobtypes import JobFailed, JobType, Stage
 from idempotency.decorators import GLOBAL, idempotent
@@ -35,6 +38,8 @@ class StagedJob(JobType):
 
     def second(self, ctx):
         log(ctx.payload["log"], f"second attempt {ctx.attempt} after {ctx.results['first']}")
+        if ctx.payload.get("raise"):
+            raise ValueError(ctx.payload["raise"])  # a bug, or an outside API's refusal
         ctx.report(done=1, of=2, step="charging")
         receipt = charge(amount=5, log_path=ctx.payload["log"], idempotency_key=ctx.key)
         ctx.report(done=2, of=2, step="charged")
@@ -48,10 +53,15 @@ class StagedJob(JobType):
 
     def third(self, ctx):
         log(ctx.payload["log"], "third")
-        return {"done": True, "receipt": ctx.results["second"]["receipt"]}
+        result = {"done": True, "receipt": ctx.results["second"]["receipt"]}
+        if "amount" in ctx.payload:  # what a model's DecimalField and DateTimeField hold
+            result.update(amount=Decimal(ctx.payload["amount"]), at=timezone.now())
+            ctx.report(done=1, of=1, amount=result["amount"], at=result["at"])
+        return result
 
     def outcome(self, results):
-        return {"receipt": results["third"]["receipt"]}
+        third = results["third"]
+        return {"receipt": third["receipt"], **{k: third[k] for k in ("amount", "at") if k in third}}
 
 
 def lines(path) -> list[str]:

@@ -212,7 +212,7 @@ def test_job_failed_ends_the_job_with_its_reason(redis_client, make_operation, t
             "progress": 100,
             "state": "FAILED",
             "final": True,
-            "error": "refused by the payload",
+            "error": {"stage": "second", "type": "JobFailed", "message": "refused by the payload"},
             "code": 7,
         }
     ]
@@ -224,3 +224,34 @@ def test_a_stage_result_that_is_not_json_fails_the_job_clearly(redis_client, mak
     operation = make_operation(broken.name)
     assert jobs.run(str(operation.op_id)) == State.FAILED
     assert "must return JSON-serialisable data" in caplog.text
+
+
+def nul_event(self, ctx):
+    ctx.report(note="a\u0000b")
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "work",
+    [lambda self, ctx: {"note": "a\u0000b"}, lambda self, ctx: {"a\u0000": 1}, nul_event],
+    ids=["result", "key", "event"],
+)
+def test_a_nul_in_what_a_stage_records_fails_its_job_alike_on_every_database(
+    redis_client, make_operation, api_client, work
+):
+    """PostgreSQL's jsonb cannot store a NUL: it failed the job there with a DataError and
+    completed it on SQLite. Now it is the same clear failure on both."""
+    job = register(declare(name="nul", a=work))
+    operation = make_operation(job.name)
+    assert jobs.run(str(operation.op_id)) == State.FAILED
+    error = api_client.get(f"/api/jobs/{operation.op_id}/").json()["error"]
+    assert error["stage"] == "a" and error["type"] == "TypeError" and "NUL" in error["message"]
+
+
+@pytest.mark.django_db
+def test_a_backslash_before_u0000_is_no_nul(redis_client, make_operation):
+    """What a JSON text spells \\u0000 with an escaped backslash is text, not a NUL: recorded."""
+    job = register(declare(name="backslash", a=lambda self, ctx: {"path": "C:\\u0000", "odd": "\\\\u0000"}))
+    operation = make_operation(job.name)
+    assert jobs.run(str(operation.op_id)) == State.COMPLETED
+    assert StageRecord.objects.get(operation=operation).result == {"path": "C:\\u0000", "odd": "\\\\u0000"}

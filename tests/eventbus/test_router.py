@@ -139,11 +139,12 @@ def test_malformed_entries_go_to_the_dead_letters_while_the_rest_is_applied(redi
         ({"job_id": job, "seq": 11}, "missing field(s): domain, stage, prev_seq, data"),
         ({**good, "seq": "eleven", "prev_seq": 10}, "seq b'eleven' is not a non-negative integer"),
         ({**good, "seq": 11, "prev_seq": 11}, "seq 11 must be above prev_seq 11"),
-        # Past int()'s 4,300-digit limit (ValueError), and beyond any seq publish_event accepts.
-        ({**good, "seq": "1" * 5000, "prev_seq": 10}, "is not a non-negative integer"),
+        # Past int()'s 4,300 digits, and past the JSON parser's recursion: ValueError and
+        # RecursionError escaped the parse, not a dead letter.
+        ({**good, "seq": "9" * 5000, "prev_seq": 10}, "is not a non-negative integer"),
+        ({**good, "seq": 11, "prev_seq": "0" * 5000}, "is not a non-negative integer"),
+        ({**good, "seq": 11, "prev_seq": 10, "data": "[" * 100_000 + "]" * 100_000}, "data is not JSON"),
         ({**good, "seq": 2**53 + 1, "prev_seq": 10}, "is not a non-negative integer"),
-        # Nested past the JSON parser's recursion limit (RecursionError).
-        ({**good, "seq": 11, "prev_seq": 10, "data": "[" * 200_000}, "data is not JSON"),
         (
             {**good, "job_id": other_shard_job, "seq": 10, "prev_seq": 0},
             "belongs to shard 2, found in shard 1",

@@ -147,9 +147,68 @@ def test_an_exception_fails_the_job_with_a_log_line_and_a_final_event(
         "progress": 100,
         "state": "FAILED",
         "final": True,
-        "error": "RuntimeError",
+        "error": {"stage": "answer", "type": "RuntimeError", "message": "the rules engine exploded"},
     }
     assert jobs.run(str(operation.op_id)) == "skipped"
+
+
+@pytest.mark.django_db
+def test_a_stage_that_raises_tells_its_owner_the_stage_and_the_message_and_staff_the_traceback(
+    redis_client, make_operation, tmp_path, api_client
+):
+    from eventbus.models import StageRecord
+
+    operation = make_operation("staged", {"log": str(tmp_path / "log"), "raise": "card declined"})
+    assert jobs.run(str(operation.op_id)) == State.FAILED
+    error = {"stage": "second", "type": "ValueError", "message": "card declined"}
+    final = [
+        json.loads(f[b"data"])
+        for _, f in redis_client.xrange(JobKeys("staged", str(operation.op_id)).stream)
+        if f[b"job_id"].decode() == str(operation.op_id) and f[b"stage"] == b"done"
+    ]
+    assert [data["error"] for data in final] == [error]
+    detail = api_client.get(f"/api/jobs/{operation.op_id}/").json()
+    assert detail["state"] == "FAILED" and detail["error"] == error
+    record = StageRecord.objects.get(operation=operation, stage="second")
+    assert (record.error_type, record.error_message, record.finished_at) == (
+        "ValueError",
+        "card declined",
+        None,
+    )
+    assert 'raise ValueError(ctx.payload["raise"])' in record.error_traceback
+    assert record.error_traceback.rstrip().endswith("ValueError: card declined")
+    redis_client.flushdb()  # the final event gone from Redis: the detail still says why
+    assert api_client.get(f"/api/jobs/{operation.op_id}/").json()["error"] == error
+
+
+@pytest.mark.django_db
+def test_a_failures_message_is_bounded(redis_client, make_operation, tmp_path, api_client):
+    operation = make_operation("staged", {"log": str(tmp_path / "log"), "raise": "x" * 5_000})
+    assert jobs.run(str(operation.op_id)) == State.FAILED
+    message = api_client.get(f"/api/jobs/{operation.op_id}/").json()["error"]["message"]
+    assert len(message) == stages.MAX_ERROR_MESSAGE and message.endswith("…")
+
+
+@pytest.mark.django_db
+def test_a_failure_an_attempt_later_finishes_is_forgotten(
+    redis_client, make_operation, tmp_path, monkeypatch
+):
+    """A stage that raised a Redis error (retried) and then finished keeps no error."""
+    from eventbus.models import StageRecord
+
+    from .jobtypes import StagedJob
+
+    operation = make_operation("staged", {"log": str(tmp_path / "log")})
+    monkeypatch.setattr(
+        StagedJob, "third", lambda self, ctx: (_ for _ in ()).throw(redis.TimeoutError("away"))
+    )
+    with pytest.raises(redis.TimeoutError):
+        jobs.run(str(operation.op_id), fail_on_transient=False)
+    assert StageRecord.objects.get(operation=operation, stage="third").error_type == "TimeoutError"
+    monkeypatch.undo()
+    assert jobs.run(str(operation.op_id)) == State.COMPLETED
+    record = StageRecord.objects.get(operation=operation, stage="third")
+    assert (record.error_type, record.error_message, record.error_traceback, record.failed_at) == (None,) * 4
 
 
 @pytest.mark.django_db

@@ -267,3 +267,29 @@ def test_a_worker_killed_mid_stage_reruns_only_that_stage_and_its_outside_call_h
         ("third", 30),
         ("done", 51),
     ]
+
+
+def test_a_stage_returning_a_decimal_and_a_datetime_completes_with_them_encoded(
+    start_worker, broker, api_client, tmp_path
+):
+    """Stage results and event data take what Django's JSON encoder takes: a Decimal as its
+    string, a datetime as ISO 8601, in the events, the recorded result and the final event."""
+    import json
+    from datetime import datetime
+
+    from eventbus.keys import JobKeys
+    from eventbus.models import StageRecord
+
+    payload = {"log": str(tmp_path / "log"), "amount": "12.50"}
+    job_id = post_job(api_client, "staged", payload, key="staged-decimal").json()["job_id"]
+    worker = start_worker()
+    wait_for_state(job_id, State.COMPLETED, [worker.log])
+    data = {
+        int(fields[b"seq"]): json.loads(fields[b"data"])
+        for _id, fields in broker.xrange(JobKeys("staged", job_id).stream)
+        if fields[b"job_id"].decode() == job_id
+    }
+    assert data[30]["amount"] == "12.50" and data[51]["amount"] == "12.50"
+    assert datetime.fromisoformat(data[30]["at"]) == datetime.fromisoformat(data[51]["at"])
+    result = StageRecord.objects.get(operation_id=job_id, stage="third").result
+    assert result["amount"] == "12.50" and result["at"] == data[51]["at"]

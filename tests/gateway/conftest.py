@@ -8,6 +8,7 @@ from django.test import Client
 from eventbus import publish_event
 from eventbus.router import Router
 from gateway.hub import close_hub
+from gateway.sessions import close_session_watch
 from idempotency.models import Operation
 
 
@@ -15,6 +16,7 @@ from idempotency.models import Operation
 async def hub_closed():
     yield
     await close_hub()
+    await close_session_watch()
 
 
 def login_cookie(user):
@@ -35,7 +37,18 @@ def other_cookie(other_user):
 
 @pytest.fixture
 def staff_cookie(django_user_model):
+    """Staff with no permission: is_staff alone opens no other user's job."""
     return login_cookie(django_user_model.objects.create_user("ops", password="x", is_staff=True))
+
+
+@pytest.fixture
+def viewer_cookie(django_user_model):
+    """A user (not staff) with the job model's view permission: every job is open to them."""
+    from django.contrib.auth.models import Permission
+
+    viewer = django_user_model.objects.create_user("auditor", password="x")
+    viewer.user_permissions.add(Permission.objects.get(codename="view_operation"))
+    return login_cookie(viewer)
 
 
 @pytest.fixture

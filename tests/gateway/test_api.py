@@ -1,5 +1,6 @@
 """The jobs API contract of SPEC §3."""
 
+import json
 import uuid
 
 import pytest
@@ -71,12 +72,31 @@ def test_get_own_job_and_404_for_others(api_client, other_user, user):
     assert stranger.get("/api/jobs/not-a-uuid/").status_code == 404
 
 
-def test_staff_sees_every_job(api_client, django_user_model):
+def logged_in(user):
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def test_staff_alone_opens_no_other_users_job(api_client, django_user_model):
     job_id = create(api_client).json()["job_id"]
     staff = django_user_model.objects.create_user("ops", password="x", is_staff=True)
-    client = Client()
-    client.force_login(staff)
-    assert client.get(f"/api/jobs/{job_id}/").status_code == 200
+    response = logged_in(staff).get(f"/api/jobs/{job_id}/")
+    assert response.status_code == 404 and response["Content-Type"] == "application/problem+json"
+    assert "payload" not in response.json()
+
+
+def test_the_view_permission_opens_every_job_staff_or_not(api_client, django_user_model):
+    from django.contrib.auth.models import Permission
+
+    job_id = create(api_client).json()["job_id"]
+    viewer = django_user_model.objects.create_user("auditor", password="x")  # not staff
+    viewer.user_permissions.add(Permission.objects.get(codename="view_operation"))
+    response = logged_in(viewer).get(f"/api/jobs/{job_id}/")
+    assert response.status_code == 200 and response.json()["payload"] == {"n": 1}
+    root = django_user_model.objects.create_superuser("root", password="x")
+    assert logged_in(root).get(f"/api/jobs/{job_id}/").status_code == 200
+    assert api_client.get(f"/api/jobs/{job_id}/").status_code == 200  # the owner, always
 
 
 def test_anonymous_is_401(client):
@@ -93,6 +113,16 @@ def test_get_shows_the_latest_event(api_client, redis_client):
     publish_event("scan", job_id, "rule", 20, {"progress": 40})
     latest = api_client.get(f"/api/jobs/{job_id}/").json()["latest_event"]
     assert latest["seq"] == 20 and latest["stage"] == "rule" and latest["data"] == {"progress": 40}
+
+
+@pytest.mark.parametrize("corrupt", [b"not json", b"[" * 100_000 + b"]" * 100_000])
+def test_a_state_key_that_is_not_json_gives_no_latest_event_not_a_500(api_client, redis_client, corrupt):
+    from eventbus.keys import JobKeys
+
+    job_id = create(api_client).json()["job_id"]
+    redis_client.set(JobKeys("scan", job_id).state, corrupt)  # not the bus's: written by someone else
+    response = api_client.get(f"/api/jobs/{job_id}/")
+    assert response.status_code == 200 and response.json()["latest_event"] is None
 
 
 def test_the_demo_users_token_authenticates_the_api(settings, tmp_path):
@@ -150,3 +180,64 @@ def test_the_page_offers_every_registered_job_type_with_its_stages(client, user)
     assert by_name["staged"]["stages"] == ["first", "second", "third", "done"]
     assert by_name["chat"]["example_payload"] == {"prompt": "exactly-once delivery"}
     assert '<option value="staged">staged</option>' in page
+
+
+# Bad payloads: a 400 problem on every database, and the key is free for the corrected request.
+
+
+def post_raw(client, body: str, key: str):
+    return client.post("/api/jobs/", data=body, content_type="application/json", HTTP_IDEMPOTENCY_KEY=key)
+
+
+def nested(depth: int) -> str:
+    """A JSON object `depth` objects deep: {"a":{"a":...{}}}."""
+    return '{"a":' * (depth - 1) + "{}" + "}" * (depth - 1)
+
+
+def assert_problem_400(response):
+    assert response.status_code == 400, response.content
+    assert response["Content-Type"] == "application/problem+json"
+    body = response.json()
+    assert body["status"] == 400 and body["title"] and body["detail"] and body["type"]
+    return body
+
+
+def test_a_body_nested_too_deep_to_parse_is_400_and_the_key_is_free_again(api_client):
+    deep = post_raw(api_client, f'{{"domain": "scan", "payload": {nested(5000)}}}', key="deep")
+    assert "nested too deep" in assert_problem_400(deep)["detail"]
+    assert not Operation.objects.exists()
+    again = create(api_client, key="deep")
+    assert again.status_code == 201, again.content
+    assert "Idempotent-Replayed" not in again
+
+
+def test_a_payload_nested_past_the_limit_is_400_and_the_key_is_free_again(api_client, settings):
+    assert (
+        create(api_client, key="32", body={"domain": "scan", "payload": json.loads(nested(32))}).status_code
+        == 201
+    )
+    deep = post_raw(api_client, f'{{"domain": "scan", "payload": {nested(33)}}}', key="33")
+    assert "32" in str(assert_problem_400(deep)["errors"]["payload"])
+    in_a_list = {"domain": "scan", "payload": {"a": [[[1]]]}}
+    settings.GATEWAY = {"PAYLOAD_MAX_DEPTH": 3}
+    assert_problem_400(create(api_client, key="list", body=in_a_list))
+    settings.GATEWAY = {"PAYLOAD_MAX_DEPTH": 4}
+    assert create(api_client, key="list", body=in_a_list).status_code == 201
+    assert create(api_client, key="33").status_code == 201
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [{"a": "nul\u0000here"}, {"nul\u0000key": 1}, {"a": [{"b": ["ok", "\u0000"]}]}],
+    ids=["value", "key", "nested"],
+)
+def test_a_nul_character_in_the_payload_is_400_on_every_database(api_client, payload):
+    bad = create(api_client, key="nul", body={"domain": "scan", "payload": payload})
+    assert "NUL" in str(assert_problem_400(bad)["errors"]["payload"])
+    assert not Operation.objects.exists()
+    assert create(api_client, key="nul").status_code == 201
+
+
+def test_a_nul_in_the_domain_is_400(api_client):
+    bad = create(api_client, key="nul-domain", body={"domain": "sc\u0000an", "payload": {}})
+    assert "domain" in assert_problem_400(bad)["errors"]

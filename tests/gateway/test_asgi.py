@@ -1,6 +1,6 @@
 """The job stream's WebSocket entry (gateway.asgi.JobStreamApplication, config.asgi's), and
 channels' stack as the README wired it before, which must keep working: the Origin check, session
-auth, owner or staff, and the route."""
+auth, the owner or the view permission, and the route."""
 
 import gc
 import json
@@ -92,11 +92,15 @@ async def test_a_session_from_before_a_password_change_is_4401(application, job,
     await closed_with(await open_socket(f"/ws/jobs/{job.op_id}/", cookie, application=application), 4401)
 
 
-async def test_another_users_job_is_4404_and_staff_may_watch_it(application, job, other_cookie, staff_cookie):
+async def test_another_users_job_is_4404_even_to_staff_and_the_view_permission_may_watch_it(
+    application, job, other_cookie, staff_cookie, viewer_cookie
+):
     socket = await open_socket(f"/ws/jobs/{job.op_id}/", other_cookie, application=application)
     await closed_with(socket, 4404)
-    await publish_and_route(job, [10, 11])
     socket = await open_socket(f"/ws/jobs/{job.op_id}/", staff_cookie, application=application)
+    await closed_with(socket, 4404)  # is_staff alone opens nothing
+    await publish_and_route(job, [10, 11])
+    socket = await open_socket(f"/ws/jobs/{job.op_id}/", viewer_cookie, application=application)
     assert [json.loads(await socket.receive_from(timeout=5))["seq"] for _ in range(2)] == [10, 11]
     await socket.disconnect()
 

@@ -1,0 +1,71 @@
+"""The admin of stage records (eventbus.admin): read-only, a failed stage's traceback shown to
+whoever has the model's view permission, and nothing at all without it."""
+
+import pytest
+from django.contrib.auth.models import Permission
+from django.test import Client
+
+from eventbus import jobs
+from eventbus.models import StageRecord
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def failed_stage(redis_client, make_operation, tmp_path):
+    operation = make_operation("staged", {"log": str(tmp_path / "log"), "raise": "card declined"})
+    assert jobs.run(str(operation.op_id)) == "FAILED"
+    return StageRecord.objects.get(operation=operation, stage="second")
+
+
+def staff(django_user_model, name, *codenames):
+    user = django_user_model.objects.create_user(name, password="x", is_staff=True)
+    user.user_permissions.add(*Permission.objects.filter(codename__in=codenames))
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def test_the_view_permission_shows_a_failed_stage_and_its_traceback(failed_stage, django_user_model):
+    client = staff(django_user_model, "viewer", "view_stagerecord")
+    page = client.get(f"/admin/eventbus/stagerecord/{failed_stage.pk}/change/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert "<pre>Traceback (most recent call last):" in html and "ValueError: card declined" in html
+    assert "raise ValueError(ctx.payload[&quot;raise&quot;])" in html  # escaped, as all of it
+    assert 'name="_save"' not in html  # read-only: no save button
+    job_id = str(failed_stage.operation_id)
+    listing = client.get("/admin/eventbus/stagerecord/", {"q": job_id[:8], "stage": "second"})
+    assert listing.status_code == 200 and f"/admin/eventbus/stagerecord/{failed_stage.pk}/change/" in (
+        listing.content.decode()
+    )
+    other = client.get("/admin/eventbus/stagerecord/", {"q": "0000dead"})
+    assert f"/admin/eventbus/stagerecord/{failed_stage.pk}/change/" not in other.content.decode()
+
+
+def test_without_the_view_permission_staff_get_403(failed_stage, django_user_model):
+    client = staff(django_user_model, "ops")
+    assert client.get(f"/admin/eventbus/stagerecord/{failed_stage.pk}/change/").status_code == 403
+    assert client.get("/admin/eventbus/stagerecord/").status_code == 403
+
+
+def test_no_add_no_change_and_delete_only_with_its_permission(failed_stage, django_user_model):
+    viewer = staff(django_user_model, "viewer", "view_stagerecord", "change_stagerecord")
+    assert viewer.get("/admin/eventbus/stagerecord/add/").status_code == 403
+    page = f"/admin/eventbus/stagerecord/{failed_stage.pk}/change/"
+    assert viewer.post(page, {"stage": "forged", "attempts": 9}).status_code == 403
+    assert (
+        viewer.post(f"/admin/eventbus/stagerecord/{failed_stage.pk}/delete/", {"post": "yes"}).status_code
+        == 403
+    )
+    listing = viewer.post(
+        "/admin/eventbus/stagerecord/", {"action": "delete_selected", "_selected_action": [failed_stage.pk]}
+    )
+    assert listing.status_code == 200  # "no action selected": the delete action is not offered
+    assert StageRecord.objects.get(pk=failed_stage.pk).stage == "second"
+    deleter = staff(django_user_model, "deleter", "view_stagerecord", "delete_stagerecord")
+    assert (
+        deleter.post(f"/admin/eventbus/stagerecord/{failed_stage.pk}/delete/", {"post": "yes"}).status_code
+        == 302
+    )
+    assert not StageRecord.objects.filter(pk=failed_stage.pk).exists()
