@@ -64,9 +64,10 @@ def accept(
             )
     except IntegrityError:
         # The race on (scope, key): its winner's row. Any other violation is raised as it is.
-        operation = Operation.objects.filter(scope=command.scope, idem_key=command.idem_key.value).first()
-        if operation is None:
+        winner = Operation.objects.filter(scope=command.scope, idem_key=command.idem_key.value).first()
+        if winner is None:
             raise
+        operation = winner
         if (operation.domain, operation.event_type, operation.payload) != (
             command.domain,
             command.event_type,
