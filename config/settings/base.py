@@ -6,7 +6,8 @@ Cluster, which neither Celery's broker nor the cache can use); EVENTBUS_CLUSTER=
 bus on the cluster REDIS_URL names (EVENTBUS["CLUSTER"]). Each of these Redis URLs may be a
 redis+sentinel://host:port,host:port/<master>/<db> URL: a Sentinel-managed master, followed
 through failovers (eventbus.sentinel). RUN_DIR (default .run/) is where
-`make run` and the tests keep their local state.
+`make run` and the tests keep their local state. METRICS_TOKEN: the bearer token /metrics asks
+for (config.views); unset, it answers clients on this machine only.
 """
 
 import os
@@ -84,6 +85,7 @@ def database_from_env(default_sqlite_path):
 
 
 DATABASES = {"default": database_from_env(BASE_DIR / "db.sqlite3")}
+METRICS_TOKEN = os.environ.get("METRICS_TOKEN") or None
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
