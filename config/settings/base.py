@@ -17,6 +17,13 @@ import dj_database_url
 
 from eventbus.sentinel import celery_broker, django_redis_cache, parse_sentinel_url
 
+
+def env_flag(name: str, default: bool = False) -> bool:
+    """A yes/no environment variable: 1, true, yes or on (any case) is yes; unset, the default."""
+    value = os.environ.get(name)
+    return default if value is None else value.strip().lower() in ("1", "true", "yes", "on")
+
+
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 # Git-ignored: private Redis data, demo credentials, metrics files, test DB. RUN_DIR moves it
 # (the stack's test runs a whole stack in a directory of its own).
@@ -146,7 +153,7 @@ IDEMPOTENCY = {
 # The demo's job types, written with the toolkit's public API (config/jobs.py).
 DEMO_JOB_TYPES = ("config.jobs.ScanJob", "config.jobs.ChatJob")
 EVENTBUS: dict[str, object] = {"JOB_TYPES": DEMO_JOB_TYPES}
-if os.environ.get("EVENTBUS_CLUSTER", "").lower() in ("1", "true", "yes"):
+if env_flag("EVENTBUS_CLUSTER"):
     EVENTBUS["CLUSTER"] = True
 
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL") or REDIS_URL
