@@ -94,3 +94,28 @@ def test_production_https_settings_follow_the_environment():
 )
 def test_debug_is_on_in_dev_settings_only(module, debug):
     assert loaded(module, ("DEBUG",), **PRODUCTION if "production" in module else {})["DEBUG"] is debug
+
+
+def test_a_test_run_leaves_no_sqlite_files_in_run_dir(tmp_path):
+    """The per-run test database goes, and its -wal and -shm files with it (tests/conftest.py),
+    even when a thread left its connection open."""
+    if os.environ.get("DATABASE_URL", "sqlite").split(":", 1)[0] != "sqlite":
+        pytest.skip("the suite runs on another database than SQLite")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "tests/sqlite_open_connection.py",
+        ],
+        cwd=BASE_DIR,
+        env={**os.environ, "RUN_DIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("test-")) == []
