@@ -77,6 +77,13 @@ def test_the_demo_password_file_is_created_0600_in_a_0700_run_dir(db, settings, 
     assert stat.S_IMODE(secret.stat().st_mode) == 0o600
     assert f"demo / {secret.read_text()}" in capsys.readouterr().out
 
+    # What an earlier version left: a readable folder and file, closed at the next run.
+    settings.RUN_DIR.chmod(0o755)
+    secret.chmod(0o644)
+    call_command("ensure_demo_user", "--token")
+    assert stat.S_IMODE(settings.RUN_DIR.stat().st_mode) == 0o700
+    assert stat.S_IMODE(secret.stat().st_mode) == 0o600
+
 
 def test_the_test_run_dir_is_private():
     from django.conf import settings

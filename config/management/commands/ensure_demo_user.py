@@ -17,7 +17,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from rest_framework.authtoken.models import Token
 
-from config.private_files import write_private_file
+from config.private_files import private_dir, write_private_file
 
 
 class Command(BaseCommand):
@@ -37,6 +37,10 @@ class Command(BaseCommand):
             user = user or User(username=username)
             user.set_password(password)
             user.save()
+        else:
+            # Kept from a run of an earlier version, which left the folder and the file readable.
+            private_dir(settings.RUN_DIR)
+            secret_file.chmod(0o600)
         password = secret_file.read_text().strip()
         key = Token.objects.get_or_create(user=user)[0].key
         if token:
