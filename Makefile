@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.bench-installed
 
-.PHONY: run test lint setup browser bench bench-gateway bench-cluster chaos clean
+.PHONY: run test lint setup redis browser bench bench-gateway bench-cluster chaos clean
 
 $(STAMP): requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -13,7 +13,21 @@ $(STAMP): requirements.txt requirements-dev.txt
 	$(PY) -m pip install --quiet -r requirements-dev.txt
 	touch $(STAMP)
 
-setup: $(STAMP)
+setup: $(STAMP) redis
+
+# The private Redis of `make run` and `make test` is the system's redis-server (config/redis_server.py
+# refuses one without the fix for CVE-2025-49844): Debian's package, installed when root, else named.
+# Only its binary is used: the service the package starts on port 6379 is stopped and disabled.
+redis:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing Debian's redis-server for the private Redis of make run and make test"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null \
+	      && { systemctl disable --now redis-server >/dev/null 2>&1 || service redis-server stop >/dev/null 2>&1 || true; }; \
+	  else \
+	    echo "make run and make test need a redis-server (Redis >= 6.2 with the fix for CVE-2025-49844):" \
+	      "sudo apt-get install redis-server, or set REDIS_URL to a Redis of yours" >&2; \
+	  fi; }
 
 # The page's test drives Debian's chromium (Playwright cannot download browsers here).
 browser:

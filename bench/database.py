@@ -9,6 +9,8 @@ import tempfile
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+from eventbus.redaction import masked_url
+
 POSTGRES_SCHEMES = ("postgres", "pgsql")
 
 
@@ -55,9 +57,11 @@ class BenchDatabase:
         elif not url and default_server and pg_reachable(default_server):
             self.server_url = default_server
         elif url:
-            self.warning = f"DATABASE_URL={url} is not PostgreSQL: the bench runs on SQLite"
+            self.warning = f"DATABASE_URL={masked_url(url)} is not PostgreSQL: the bench runs on SQLite"
         elif default_server:
-            self.warning = f"no DATABASE_URL and no PostgreSQL at {default_server}: the bench runs on SQLite"
+            self.warning = (
+                f"no DATABASE_URL and no PostgreSQL at {masked_url(default_server)}: the bench runs on SQLite"
+            )
         self.vendor = "postgresql" if self.server_url else "sqlite"
         if self.vendor == "sqlite":
             self.path = Path(tempfile.gettempdir()) / f"{self.name}.sqlite3"

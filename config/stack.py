@@ -4,8 +4,8 @@ process cleanly, the private Redis last; Ctrl-C again stops them at once.
 
     python -m config.stack
 
-RUN_DIR (default .run/) holds the private Redis's data, the demo password and the metrics
-files: every process of the Procfile writes its Prometheus values to RUN_DIR/metrics
+RUN_DIR (default .run/, mode 0700) holds the private Redis's data and config file (with its
+password, new at each start), the demo password and the metrics files: every process of the Procfile writes its Prometheus values to RUN_DIR/metrics
 (PROMETHEUS_MULTIPROC_DIR, emptied at each start) and /metrics adds them up.
 
 How a stop goes. honcho runs in a session of its own, so a Ctrl-C at the terminal (SIGINT to the
@@ -16,12 +16,21 @@ processes would die under their jobs while the worker does its warm shutdown (Wo
 tracebacks, jobs cut short). The worker stops its pool itself once the jobs in hand are done.
 """
 
+from __future__ import annotations
+
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from eventbus.redaction import masked_url
+
+if TYPE_CHECKING:
+    from config.redis_server import RedisServer
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 # How long honcho waits for the programs after SIGTERM before it kills them: Celery's warm
@@ -38,23 +47,28 @@ def main() -> int:
     env.setdefault("WEB_PORT", "8000")
     run_dir = Path(os.environ.get("RUN_DIR") or BASE_DIR / ".run")
 
+    from config.private_files import private_dir
     from config.redis_server import env_or_private
+    from config.redis_server_check import RedisServerUnavailable
 
-    redis_url, server = env_or_private(run_dir / "redis")
+    private_dir(run_dir)
+    try:
+        redis_url, server = env_or_private(run_dir / "redis")
+    except RedisServerUnavailable as exc:
+        print(f"make run: {exc}", file=sys.stderr)
+        return 1
     env["REDIS_URL"] = redis_url
     manage = [sys.executable, str(BASE_DIR / "manage.py")]
     try:
         subprocess.run([*manage, "migrate", "--noinput", "-v", "0"], env=env, check=True)
-        subprocess.run([*manage, "ensure_demo_user"], env=env, check=True)
-        host = f"http://127.0.0.1:{env['WEB_PORT']}"
-        print(
-            f"\n  Page:     {host}/\n  API:      {host}/api/jobs/ (header Authorization: Token <API token>)\n"
-            f"  Admin:    {host}/admin/"
-            f" (python manage.py createsuperuser for a staff account)\n  Metrics:  {host}/metrics\n"
-            f"  Redis:    {redis_url}{' (private, stopped on exit)' if server else ''}\n"
-            "  Ctrl-C stops everything.\n",
-            flush=True,
+        # Its credentials are printed as they come; its token goes into the banner's commands.
+        demo = subprocess.run(
+            [*manage, "ensure_demo_user"], env=env, check=True, stdout=subprocess.PIPE, text=True
         )
+        print(demo.stdout, end="", flush=True)
+        token = re.search(r"API token: (\S+)", demo.stdout)
+        host = f"http://127.0.0.1:{env['WEB_PORT']}"
+        print(banner(host, token.group(1) if token else "<API token>", redis_url, server), flush=True)
         return run_procfile({**env, "PROMETHEUS_MULTIPROC_DIR": str(fresh_dir(run_dir / "metrics"))})
     except subprocess.CalledProcessError as exc:
         return exc.returncode
@@ -63,6 +77,30 @@ def main() -> int:
     finally:
         if server:
             server.stop()
+
+
+def banner(host: str, token: str, redis_url: str, server: RedisServer | None) -> str:
+    """Where to look, with commands that work as printed (the virtualenv's python, a POST that
+    starts a job: /api/jobs/ answers GET with 405); the Redis password masked (SPEC §15)."""
+    python = Path(sys.executable)
+    if python.is_relative_to(Path.cwd()):
+        python = python.relative_to(Path.cwd())
+    auth = f'-H "Authorization: Token {token}"'
+    where = (
+        f" (private, stopped on exit; its password in {server.data_dir / server.CONFIG_FILE})"
+        if server
+        else ""
+    )
+    return (
+        f"\n  Page:     {host}/\n"
+        f"  API:      curl -X POST {host}/api/jobs/ {auth} -H 'Idempotency-Key: banner-1'"
+        """ -H 'Content-Type: application/json' -d '{"domain": "scan", "payload": {}}'\n"""
+        f"            curl {auth} {host}/api/jobs/<job_id>/\n"
+        f"  Admin:    {host}/admin/ ({python} manage.py createsuperuser for a staff account)\n"
+        f"  Metrics:  {host}/metrics (answers this machine only, unless METRICS_TOKEN is set)\n"
+        f"  Redis:    {masked_url(redis_url)}{where}\n"
+        "  Ctrl-C stops everything.\n"
+    )
 
 
 def fresh_dir(path: Path) -> Path:

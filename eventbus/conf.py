@@ -46,6 +46,9 @@ DEFAULTS: dict[str, object] = {
     # None: 1 for a redis+sentinel:// URL, else 0 (no WAIT). Not with EVENTBUS["CLUSTER"].
     "WAIT_REPLICAS": None,
     "WAIT_TIMEOUT_MS": 500,  # below the Sentinel clients' 1 s socket timeout
+    # Seconds an ended job (COMPLETED, FAILED, TIMED_OUT...) is kept after it ended, with its stage
+    # records; `cleanup_jobs` deletes older ones (eventbus.retention). None: kept for ever.
+    "KEEP_ENDED_JOBS": 30 * 24 * 3600,
     # The demo jobs' simulated work per stage, seconds (config.jobs).
     "STAGE_SECONDS": 0.2,
 }

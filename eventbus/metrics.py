@@ -13,6 +13,7 @@ import os
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 LABELS = ("domain", "shard")
+LOOPBACK = "127.0.0.1"
 
 _children: dict = {}
 
@@ -57,11 +58,14 @@ RECLAIM_LATENCY = Histogram(
 )
 
 
-def serve(port: int | None) -> None:
-    """Expose the default registry on this port (commands' --metrics-port); None: do nothing.
+def serve(port: int | None, addr: str = LOOPBACK):
+    """Expose the default registry on this port (commands' --metrics-port) of `addr`, this machine
+    only unless --metrics-addr says otherwise (SPEC §15); None: do nothing. The HTTP server, or None.
     In multiprocess mode too it holds this process's own values: the port answers for this process."""
-    if port:
-        start_http_server(port)
+    if not port:
+        return None
+    server, _thread = start_http_server(port, addr=addr)
+    return server
 
 
 def mark_process_dead(pid: int | None = None) -> None:

@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import unquote
 
+from .redaction import masked_url
+
 SCHEME = "redis+sentinel://"
 SENTINEL_PORT = 26379
 
@@ -54,21 +56,21 @@ def parse_sentinel_url(url: str) -> SentinelURL | None:
         try:
             sentinels.append((host or address, int(port) if port else SENTINEL_PORT))
         except ValueError:
-            raise BadSentinelURL(f"{url!r}: {address!r} is not host:port") from None
+            raise BadSentinelURL(f"{masked_url(url)!r}: {address!r} is not host:port") from None
     parts = [p for p in path.split("/") if p]
     if not sentinels or not parts or len(parts) > 2:
         raise BadSentinelURL(
-            f"{url!r} is not {SCHEME}[:password@]host:port[,host:port...]/<master name>[/<db>]"
+            f"{masked_url(url)!r} is not {SCHEME}[:password@]host:port[,host:port...]/<master name>[/<db>]"
         )
     if len(parts) == 2 and not parts[1].isdigit():
-        raise BadSentinelURL(f"{url!r}: the database {parts[1]!r} is not a number")
+        raise BadSentinelURL(f"{masked_url(url)!r}: the database {parts[1]!r} is not a number")
     return SentinelURL(tuple(sentinels), unquote(parts[0]), int(parts[1]) if len(parts) == 2 else 0, password)
 
 
 def _parsed(url: str) -> SentinelURL:
     parsed = parse_sentinel_url(url)
     if parsed is None:
-        raise BadSentinelURL(f"{url!r} is not a {SCHEME} URL")
+        raise BadSentinelURL(f"{masked_url(url)!r} is not a {SCHEME} URL")
     return parsed
 
 

@@ -1,29 +1,56 @@
-"""Test-suite fixtures. A private redis-server runs for the whole session (REDIS_URL, when
-set, points at an external one instead) and every Redis-using setting is pointed at it."""
+"""Test-suite fixtures. A private redis-server, with a password of its own, runs for the whole
+session (REDIS_URL, when set, points at an external one instead) and every Redis-using setting is
+pointed at it."""
 
 import os
+from pathlib import Path
 
 import pytest
 import redis
 from django.test.utils import override_settings
 
-from config.redis_server import RedisServer
+from config.redis_server import RedisServer, new_password
 from config.settings.base import redis_cache
 
 
+def pytest_sessionfinish(session, exitstatus):
+    """The per-run SQLite test database's -wal and -shm files removed once the database itself is
+    gone: connections left open by threads (race tests, sync_to_async) keep SQLite from removing
+    them, and RUN_DIR filled up with them. Runs after every fixture's teardown, so after
+    pytest-django dropped the database; a kept database (--reuse-db) keeps its files."""
+    from django.conf import settings
+
+    if not settings.configured:
+        return
+    database = settings.DATABASES["default"]
+    name = database.get("TEST", {}).get("NAME")
+    if database["ENGINE"] != "django.db.backends.sqlite3" or not name or Path(name).exists():
+        return
+    for suffix in ("-wal", "-shm", "-journal"):
+        Path(f"{name}{suffix}").unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="session")
+def private_redis():
+    """The session's private server (None when REDIS_URL names one of yours)."""
+    if os.environ.get("REDIS_URL"):
+        yield None
+        return
+    server = RedisServer(password=new_password()).start()
+    os.environ["REDIS_URL"] = server.url  # for processes the tests start
+    try:
+        yield server
+    finally:
+        server.stop()
+        del os.environ["REDIS_URL"]
+
+
 @pytest.fixture(scope="session", autouse=True)
-def redis_url():
-    url = os.environ.get("REDIS_URL")
-    server = None
-    if not url:
-        server = RedisServer().start()
-        url = server.url
-        os.environ["REDIS_URL"] = url  # for processes the tests start
+def redis_url(private_redis):
+    url = os.environ["REDIS_URL"]
     caches = {"default": redis_cache(url, "test-cache")}
     with override_settings(REDIS_URL=url, CACHES=caches, CELERY_BROKER_URL=url):
         yield url
-    if server:
-        server.stop()
 
 
 @pytest.fixture(autouse=True)
@@ -115,7 +142,7 @@ def cluster(redis_cluster_nodes):
     from redis.cluster import RedisCluster
 
     for node in redis_cluster_nodes:
-        with redis.Redis(port=node.port) as client:
+        with node.client() as client:
             client.flushall()
     from django.conf import settings
 

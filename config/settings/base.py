@@ -6,7 +6,8 @@ Cluster, which neither Celery's broker nor the cache can use); EVENTBUS_CLUSTER=
 bus on the cluster REDIS_URL names (EVENTBUS["CLUSTER"]). Each of these Redis URLs may be a
 redis+sentinel://host:port,host:port/<master>/<db> URL: a Sentinel-managed master, followed
 through failovers (eventbus.sentinel). RUN_DIR (default .run/) is where
-`make run` and the tests keep their local state.
+`make run` and the tests keep their local state. METRICS_TOKEN: the bearer token /metrics asks
+for (config.views); unset, it answers clients on this machine only.
 """
 
 import os
@@ -15,6 +16,13 @@ from pathlib import Path
 import dj_database_url
 
 from eventbus.sentinel import celery_broker, django_redis_cache, parse_sentinel_url
+
+
+def env_flag(name: str, default: bool = False) -> bool:
+    """A yes/no environment variable: 1, true, yes or on (any case) is yes; unset, the default."""
+    value = os.environ.get(name)
+    return default if value is None else value.strip().lower() in ("1", "true", "yes", "on")
+
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 # Git-ignored: private Redis data, demo credentials, metrics files, test DB. RUN_DIR moves it
@@ -84,6 +92,7 @@ def database_from_env(default_sqlite_path):
 
 
 DATABASES = {"default": database_from_env(BASE_DIR / "db.sqlite3")}
+METRICS_TOKEN = os.environ.get("METRICS_TOKEN") or None
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -144,7 +153,7 @@ IDEMPOTENCY = {
 # The demo's job types, written with the toolkit's public API (config/jobs.py).
 DEMO_JOB_TYPES = ("config.jobs.ScanJob", "config.jobs.ChatJob")
 EVENTBUS: dict[str, object] = {"JOB_TYPES": DEMO_JOB_TYPES}
-if os.environ.get("EVENTBUS_CLUSTER", "").lower() in ("1", "true", "yes"):
+if env_flag("EVENTBUS_CLUSTER"):
     EVENTBUS["CLUSTER"] = True
 
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL") or REDIS_URL

@@ -2,6 +2,8 @@
 
 import os
 
+from config.private_files import private_dir
+
 from .base import *  # noqa: F401,F403
 from .base import DATABASES, DEMO_JOB_TYPES, EVENTBUS, RUN_DIR
 
@@ -9,7 +11,7 @@ SECRET_KEY = "test-only-key-not-a-secret"
 ALLOWED_HOSTS = ["testserver", "127.0.0.1", "localhost"]
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
-RUN_DIR.mkdir(parents=True, exist_ok=True)
+private_dir(RUN_DIR)  # the demo password, the private Redis's config: secrets
 
 # Named per run, so that two runs at once (CI legs, developers) never share a test database.
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":

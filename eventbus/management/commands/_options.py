@@ -13,6 +13,11 @@ def add_loop_options(parser, *, burst_help: str) -> None:
     parser.add_argument(
         "--metrics-port", type=int, help="Serve this process's Prometheus metrics on this port."
     )
+    parser.add_argument(
+        "--metrics-addr",
+        default=metrics.LOOPBACK,
+        help="The address --metrics-port listens on (default 127.0.0.1: this machine only; 0.0.0.0: all).",
+    )
 
 
 def add_domain_options(parser) -> None:
@@ -27,12 +32,12 @@ def domain_list(value: str | None) -> list[str] | None:
     return [name.strip() for name in value.split(",") if name.strip()] if value else None
 
 
-def run_worker(build, *, metrics_port: int | None) -> int:
+def run_worker(build, *, metrics_port: int | None, metrics_addr: str = metrics.LOOPBACK) -> int:
     """Build the worker (an unknown domain is the command's error), serve metrics, run it."""
     try:
         worker = build()
     except UnknownDomain as exc:
         raise CommandError(str(exc)) from None
     check_durability(get_redis(), process=worker.name)
-    metrics.serve(metrics_port)
+    metrics.serve(metrics_port, metrics_addr)
     return worker.run()

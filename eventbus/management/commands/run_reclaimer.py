@@ -30,6 +30,7 @@ class Command(BaseCommand):
         group,
         domains,
         metrics_port,
+        metrics_addr,
         **options,
     ):
         run_worker(
@@ -43,4 +44,5 @@ class Command(BaseCommand):
                 burst=burst,
             ),
             metrics_port=metrics_port,
+            metrics_addr=metrics_addr,
         )

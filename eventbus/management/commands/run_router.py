@@ -19,7 +19,9 @@ class Command(BaseCommand):
         parser.add_argument("--count", type=int, help="Entries per stream per read.")
         parser.add_argument("--block-ms", type=int, help="How long a read waits for entries.")
 
-    def handle(self, *args, burst, consumer, group, count, block_ms, domains, metrics_port, **options):
+    def handle(
+        self, *args, burst, consumer, group, count, block_ms, domains, metrics_port, metrics_addr, **options
+    ):
         consumer = consumer or default_consumer()
         run_worker(
             lambda: Router(
@@ -32,4 +34,5 @@ class Command(BaseCommand):
                 client=make_redis(client_name=f"run_router:{consumer}"),
             ),
             metrics_port=metrics_port,
+            metrics_addr=metrics_addr,
         )

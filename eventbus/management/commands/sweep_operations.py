@@ -23,9 +23,9 @@ class Command(BaseCommand):
             help="Only operations accepted at least this many seconds ago (default 30).",
         )
 
-    def handle(self, *args, burst, interval, older_than, metrics_port, **options):
+    def handle(self, *args, burst, interval, older_than, metrics_port, metrics_addr, **options):
         from eventbus import metrics
 
-        metrics.serve(metrics_port)
+        metrics.serve(metrics_port, metrics_addr)
         enqueued = Sweeper(interval=interval, older_than_seconds=older_than, burst=burst).run()
         self.stdout.write(f"Enqueued {enqueued} operation(s).")
