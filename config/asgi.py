@@ -5,7 +5,9 @@ import os
 
 from django.core.asgi import get_asgi_application
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.dev")
+# A server of a deployment that forgot DJANGO_SETTINGS_MODULE runs with DEBUG off (and refuses
+# to start without DJANGO_SECRET_KEY); `make run` and manage.py choose the dev settings.
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.production")
 django_asgi_app = get_asgi_application()  # sets Django up before the imports below
 
 from channels.routing import ProtocolTypeRouter  # noqa: E402

@@ -5,7 +5,9 @@ import os
 from celery import Celery
 from celery.signals import worker_process_shutdown
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.dev")
+# A server of a deployment that forgot DJANGO_SETTINGS_MODULE runs with DEBUG off (and refuses
+# to start without DJANGO_SECRET_KEY); `make run` and manage.py choose the dev settings.
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.production")
 
 app = Celery("config")
 app.config_from_object("django.conf:settings", namespace="CELERY")

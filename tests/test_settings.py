@@ -119,3 +119,27 @@ def test_a_test_run_leaves_no_sqlite_files_in_run_dir(tmp_path):
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("test-")) == []
+
+
+@pytest.mark.parametrize("entry_point", ["config.asgi", "config.celery"])
+def test_a_server_started_without_settings_gets_production_not_debug(entry_point):
+    """The web and worker entry points of a deployment that forgot DJANGO_SETTINGS_MODULE load
+    the production settings (DEBUG off), which refuse to start without their secret key, instead
+    of the development ones (DEBUG on, a public SECRET_KEY)."""
+    env = environment()
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    env.pop("DJANGO_SECRET_KEY", None)
+    code = f"import {entry_point}; from django.conf import settings; print(settings.DEBUG, settings.SETTINGS_MODULE)"
+
+    def run():
+        return subprocess.run(
+            [sys.executable, "-c", code], cwd=BASE_DIR, env=env, capture_output=True, text=True, timeout=60
+        )
+
+    done = run()
+    assert done.returncode != 0
+    assert "ImproperlyConfigured" in done.stderr and "DJANGO_SECRET_KEY" in done.stderr
+    env["DJANGO_SECRET_KEY"] = secrets.token_urlsafe(50)
+    done = run()
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "config.settings.production"]

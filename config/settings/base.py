@@ -163,6 +163,9 @@ if parse_sentinel_url(CELERY_BROKER_URL):  # kombu's form: sentinel://host:port;
     # Celery prefers the environment's CELERY_BROKER_URL (here the redis+sentinel:// form) to
     # this setting, but takes its read and write URLs, which its connections use, from settings.
     CELERY_BROKER_READ_URL = CELERY_BROKER_WRITE_URL = CELERY_BROKER_URL
+# JSON only, said outright (Celery's default too): a message read from the broker is never unpickled.
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_SERIALIZER = CELERY_RESULT_SERIALIZER = "json"
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1

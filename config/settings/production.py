@@ -16,11 +16,18 @@
 
 import os
 
+from django.core.exceptions import ImproperlyConfigured
+
 from .base import *  # noqa: F401,F403
 from .base import env_flag
 
 DEBUG = False
-SECRET_KEY = os.environ["DJANGO_SECRET_KEY"]
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "")
+if not SECRET_KEY:
+    raise ImproperlyConfigured(
+        "config.settings.production needs DJANGO_SECRET_KEY (and ALLOWED_HOSTS) in the environment. "
+        "For development, set DJANGO_SETTINGS_MODULE=config.settings.dev or use `make run`."
+    )
 SESSION_COOKIE_SECURE = True
 CSRF_COOKIE_SECURE = True
 

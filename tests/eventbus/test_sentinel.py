@@ -2,6 +2,7 @@
 publishing and routing across a failover, and a job run by a Celery worker whose broker, cache
 and bus all come from one such URL. The gateway hub's side is in tests/gateway/test_sentinel_hub.py."""
 
+import json
 from io import StringIO
 
 import pytest
@@ -59,10 +60,11 @@ def test_celery_and_django_redis_get_the_same_master_in_their_forms(sentinel_gro
     assert (broker, options) == ("sentinel://:pw@s1:1/3;sentinel://:pw@s2:2/3", {"master_name": "bus"})
     entry = django_redis_cache(sentinel_group.url, key_prefix="t")
     cache = RedisCache(entry["LOCATION"], {"KEY_PREFIX": "t", "OPTIONS": entry["OPTIONS"]})
-    cache.set("through-sentinel", 1)
+    cache.set("through-sentinel", {"n": 1})
     with redis.Redis(port=sentinel_group.master_port()) as master:
-        assert master.exists("t:1:through-sentinel")  # django-redis's key: prefix, version, key
-    assert cache.get("through-sentinel") == 1
+        # django-redis's key: prefix, version, key; its value JSON, never a pickle to load back.
+        assert json.loads(master.get("t:1:through-sentinel")) == {"n": 1}
+    assert cache.get("through-sentinel") == {"n": 1}
 
 
 @pytest.mark.django_db

