@@ -7,6 +7,7 @@ from celery import shared_task
 from celery.signals import worker_init
 
 from . import jobs, lifecycle
+from .stages import StageRetry
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +30,10 @@ def run_job(self, job_id: str, failures: int = 0) -> str:
         return jobs.run(job_id, fail_on_transient=final_attempt)
     except jobs.JobBusy as busy:
         raise self.retry(countdown=busy.retry_in) from busy
+    except StageRetry as retry:
+        # The stage's backoff as a countdown: the message waits in the broker (or as an ETA in
+        # the worker's consumer), not in a pool process, so other jobs run meanwhile.
+        raise self.retry(countdown=retry.countdown) from retry
     except jobs.TRANSIENT_ERRORS as exc:
         if final_attempt:
             raise
