@@ -28,6 +28,6 @@ EVENTBUS = {
     # The chaos harness's processes recover a lost run well within its short run.
     "RECOVER_AFTER": float(os.environ.get("EVENTBUS_RECOVER_AFTER", 300)),
     # The demo's job types, and one of the test suite's own (written as a user writes one).
-    "JOB_TYPES": (*DEMO_JOB_TYPES, "tests.eventbus.jobtypes.StagedJob"),
+    "JOB_TYPES": (*DEMO_JOB_TYPES, "tests.eventbus.jobtypes.StagedJob", "tests.eventbus.jobtypes.FlakyJob"),
 }
 SERVE_STATIC = True  # config.asgi serves /static/ itself
