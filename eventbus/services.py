@@ -145,6 +145,28 @@ def retry_job(job_id, *, key: str | IdemKey, owner=None, scope: str | None = Non
     return operation, created
 
 
+def jobs_to_retry(*, states=(State.FAILED,), domain: str | None = None, since: datetime | None = None):
+    """Jobs that ended in one of `states` (of `domain`; ended since `since`) and have no retry
+    yet, oldest first (a selector: what the retry_jobs command retries)."""
+    states = tuple(states)
+    not_retryable = set(states) - set(lifecycle.RETRYABLE_STATES)
+    if not_retryable:
+        raise ValueError(
+            f"Only {', '.join(lifecycle.RETRYABLE_STATES)} jobs can be retried, not {not_retryable}"
+        )
+    jobs = Operation.objects.filter(state__in=states, retries__isnull=True)
+    if domain:
+        jobs = jobs.filter(domain=domain)
+    if since is not None:
+        jobs = jobs.filter(completed_at__gte=since)
+    return jobs.order_by("completed_at", "accepted_at")
+
+
+def retry_key(job: Operation) -> str:
+    """The key of a bulk retry of the job: retrying it twice gives one new job."""
+    return f"retry:{job.op_id}"
+
+
 def _job_class(value: str | type[JobType]) -> type[JobType]:
     if isinstance(value, type) and issubclass(value, JobType):
         registered = job_type(value.name)  # UnknownJobType unless registered

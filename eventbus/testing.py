@@ -23,7 +23,7 @@ class RunEvents(list):
     state: str = "COMPLETED"
     error: dict | None = None
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__()
         self.attempts: dict[str, int] = {}
 
