@@ -43,7 +43,9 @@ def events_of(
     attempts past the list run normally. An exception class is raised as its instance. A
     failure the stage's policy retries runs the stage again (the same ctx.key, ctx.attempt + 1,
     its events' seqs from its range's start again: the copies are dropped, as the bus drops
-    them); any other ends the run FAILED (JobCancelled: CANCELLED) with its final event.
+    them). A planned failure that is not retried, or a JobFailed, ends the run FAILED with its
+    final event (JobCancelled: CANCELLED); any other exception of the stage is raised, as
+    before any retry policy: a bug in a stage fails the test that runs it.
     """
     job_class = job_type(job) if isinstance(job, str) else job
     instance = job_class()
@@ -88,6 +90,8 @@ def events_of(
             except Exception as exc:
                 if planned.stage.retryable(exc, attempt):
                     continue
+                if failure is None and not isinstance(exc, JobFailed):
+                    raise  # the stage's own error (a bug?): the test sees it, traceback and all
                 run.error = describe(exc, planned.name)
                 data = exc.data if isinstance(exc, JobFailed) else {}
                 return end("FAILED", **data, error=run.error)
