@@ -44,8 +44,9 @@ class StageRecord(models.Model):
 
     @property
     def state(self) -> str:
-        """COMPLETED, RETRYING (a failed attempt's retry waits), FAILED (its last attempt failed
-        and none waits) or RUNNING; a declared stage with no record is PENDING."""
+        """COMPLETED, RETRYING (a failed attempt's retry waits), FAILED (its last attempt failed,
+        or a cancel stopped it: error_type JobCancelled, and no retry waits) or RUNNING; a
+        declared stage with no record is PENDING."""
         if self.finished_at is not None:
             return "COMPLETED"
         if self.next_attempt_at is not None:

@@ -179,8 +179,11 @@ def run_stages(
         try:
             result = run_stage(job, ctx)
             _finish(operation, planned.name, result, ctx.events)
-        except (RunStopped, JobCancelled):
+        except RunStopped:
             raise  # no fault of the stage's
+        except JobCancelled as exc:
+            _record_failure(operation, planned.name, exc)  # where the cancel stopped the job
+            raise
         except Exception as exc:
             if is_cancelled is not None and _cancelled_anyway(is_cancelled):
                 raise JobCancelled(f"Job {job_id} was cancelled; stage {planned.name!r} stopped") from exc

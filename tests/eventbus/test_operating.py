@@ -151,6 +151,25 @@ def test_a_run_before_its_stages_retry_is_due_runs_nothing(redis_client, make_op
 
 
 @pytest.mark.django_db
+def test_run_eagerly_a_stage_retry_waits_its_countdown_in_the_caller(
+    redis_client, make_operation, tmp_path, monkeypatch
+):
+    """CELERY_TASK_ALWAYS_EAGER (a project's tests): Celery runs a retry at once; the task waits
+    the countdown itself instead of finding the retry not due, again and again (recursing)."""
+    from eventbus.tasks import run_job
+
+    stages = list(FlakyJob.stages)
+    stages[1] = Stage("pay", "Paying", retries=3, retry_on=(ConnectionError,), backoff=1)
+    monkeypatch.setattr(FlakyJob, "stages", tuple(stages))
+    payload = flaky_payload(tmp_path)
+    outside_api_down(payload["api"], 2)
+    operation = make_operation("flaky", payload)
+    result = run_job.apply((str(operation.op_id),))
+    assert result.get() == State.COMPLETED
+    assert StageRecord.objects.get(operation=operation, stage="pay").attempts == 3
+
+
+@pytest.mark.django_db
 def test_a_job_waiting_for_a_retry_is_not_a_lost_run_until_the_retry_is_due(broker, make_operation, settings):
     settings.EVENTBUS = {**settings.EVENTBUS, "RECOVER_AFTER": 60}
     quiet = timezone.now() - timedelta(seconds=120)

@@ -130,6 +130,9 @@ def test_a_long_stage_cancelled_midway_stops_at_its_next_report_and_no_later_sta
     wait_for_state(job_id, State.CANCELLED, [worker.log])
 
     assert "finish" not in lines(payload["log"])
+    stopped = StageRecord.objects.get(operation_id=job_id, stage="wait")
+    assert (stopped.state, stopped.error_type) == ("FAILED", "JobCancelled")
+    assert not StageRecord.objects.filter(operation_id=job_id, stage="finish").exists()
     events = assert_one_ordered_stream(broker, job_id)
     assert len([e for e in events if e[0] == "wait"]) < 40  # stopped midway
     assert [e["state"] for e in final_events(broker, job_id)] == ["CANCELLED"]
