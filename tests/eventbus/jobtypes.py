@@ -142,3 +142,15 @@ class FlakyJob(JobType):
 
     def outcome(self, results):
         return {"receipt": results["finish"]["receipt"]}
+
+
+class PatientFlakyJob(FlakyJob):
+    """FlakyJob whose payment retries wait seconds: long enough to see other jobs run meanwhile."""
+
+    name = "flaky_patient"
+    stages = (
+        Stage("prepare", "Preparing"),
+        Stage("pay", "Paying", retries=1, retry_on=(ConnectionError,), backoff=8),
+        Stage("wait", "Waiting", width=50),
+        Stage("finish", "Finishing"),
+    )

@@ -178,3 +178,30 @@ def test_a_failed_job_retried_after_the_api_recovered_reuses_its_finished_stage_
     assert new_events[0] == ("prepare", 10)  # the reused stage's events republished in its stream
     assert [e["state"] for e in final_events(broker, new_id)] == ["COMPLETED"]
     assert [e["state"] for e in final_events(broker, old_id)] == ["FAILED"]
+
+
+def test_a_waiting_retry_holds_no_worker_other_jobs_run_meanwhile(start_worker, broker, api_client, tmp_path):
+    """One pool process. A stage's retry waits ~8 s (6.4 to 9.6): a job posted after its first
+    attempt failed completes while the retry still waits, as it could not if the worker slept."""
+    import time
+
+    payload = flaky_payload(tmp_path)
+    outside_api_down(payload["api"], 1)
+    worker = start_worker()  # concurrency 1
+    patient_id = post_job(api_client, "flaky_patient", payload, key="patient").json()["job_id"]
+    wait_for(
+        lambda: StageRecord.objects.filter(
+            operation_id=patient_id, stage="pay", next_attempt_at__isnull=False
+        ).exists(),
+        timeout=30,
+        message="the first attempt failed, its retry waiting",
+    )
+    posted = time.monotonic()
+    scan_id = post_job(api_client, "scan", key="meanwhile").json()["job_id"]
+    wait_for_state(scan_id, State.COMPLETED, [worker.log])
+    took = time.monotonic() - posted
+    pay = StageRecord.objects.get(operation_id=patient_id, stage="pay")
+    assert (pay.state, pay.attempts) == ("RETRYING", 1), f"the scan took {took:.2f}s"
+    print(f"a scan job completed {took:.2f}s after its POST while a retry waited")
+    wait_for_state(patient_id, State.COMPLETED, [worker.log])
+    assert attempts(patient_id)["pay"] == 2
