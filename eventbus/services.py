@@ -56,6 +56,8 @@ def start_job(
     IdempotencyKeyMismatch; a new job past the owner's running cap, JobLimitReached. The run is
     enqueued once the transaction commits. `deadline`: a datetime, or a timedelta from now."""
     job_class = _job_class(job_type_)
+    if owner is not None and getattr(owner, "pk", None) is None:
+        raise ValueError(f"start_job() needs a saved owner (a user with a primary key), not {owner!r}")
     if not isinstance(payload, dict):
         raise InvalidPayload("The payload must be a JSON object.")
     cleaned = job_class().clean_payload(dict(payload))
@@ -93,8 +95,9 @@ def cancel_job(job_id) -> Operation:
                 return operation
         elif lifecycle.request_cancel(operation):
             transaction.on_commit(lambda: cancellation.set_flag(operation))
-            if StageRecord.objects.filter(operation=operation, next_attempt_at__isnull=False).exists():
-                # Its run waits for a stage's retry: a run now ends it without waiting.
+            if not _run_is_live(operation):
+                # Its run waits for a stage's retry, or was lost: a run now ends it, rather than
+                # when the retry is due or the recovery finds it.
                 transaction.on_commit(lambda: _enqueue(operation, again=True))
             return operation
         lifecycle.refresh_state(operation)  # it started, or ended, meanwhile
@@ -192,6 +195,20 @@ def _check_running_cap(owner, scope: str, idem_key: IdemKey) -> None:
     if owner is None or Operation.objects.filter(scope=scope, idem_key=idem_key.value).exists():
         return
     limits.check_running_cap(owner)
+
+
+def _run_is_live(operation: Operation) -> bool:
+    """A run holds the job's lease (when Redis cannot say, assume it does: no extra message)."""
+    from redis.exceptions import RedisError
+
+    from .jobs import RunLease
+    from .redis import get_redis
+
+    try:
+        client = get_redis()
+        return bool(client.exists(RunLease(operation, client=client).key))
+    except RedisError:
+        return True
 
 
 def _enqueue(operation: Operation, *, again: bool = False) -> None:

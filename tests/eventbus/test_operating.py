@@ -217,6 +217,30 @@ def test_cancelling_a_job_that_waits_for_a_retry_ends_it_without_waiting(broker,
     assert [f["state"] for f in finals(broker, operation.op_id)] == ["CANCELLED"]
 
 
+@pytest.mark.django_db(transaction=True)  # on_commit runs
+def test_cancelling_a_running_job_sends_a_run_only_when_none_is_live(broker, make_operation, tmp_path):
+    live = make_operation("flaky", flaky_payload(tmp_path), state=State.RUNNING)
+    lease = jobs.RunLease(live)
+    assert lease.acquire()
+    try:
+        assert cancel_job(live.op_id).cancel_requested_at is not None
+        assert queued_task_ids(broker) == []  # its run sees the cancel itself
+    finally:
+        lease.release()
+    lost = make_operation("flaky", flaky_payload(tmp_path), state=State.RUNNING)
+    cancel_job(lost.op_id)
+    assert queued_task_ids(broker) == [str(lost.op_id)]  # a run now, not when the recovery finds it
+    assert jobs.run(str(lost.op_id)) == State.CANCELLED
+    assert [f["state"] for f in finals(broker, lost.op_id)] == ["CANCELLED"]
+
+
+def test_start_job_refuses_an_owner_without_a_key_space(db):
+    from django.contrib.auth.models import AnonymousUser
+
+    with pytest.raises(ValueError, match="saved owner"):
+        start_job("flaky", {}, key="k", owner=AnonymousUser())
+
+
 @pytest.mark.django_db
 def test_the_cancel_endpoint(api_client, user, other_user, make_operation, django_user_model, broker):
     from rest_framework.test import APIClient
