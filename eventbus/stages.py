@@ -186,6 +186,7 @@ def run_stages(
             raise
         except Exception as exc:
             if is_cancelled is not None and _cancelled_anyway(is_cancelled):
+                _record_failure(operation, planned.name, exc)  # stopping, it failed: not retried
                 raise JobCancelled(f"Job {job_id} was cancelled; stage {planned.name!r} stopped") from exc
             if planned.stage.retryable(exc, attempt):
                 delay = planned.stage.retry_delay(attempt)
