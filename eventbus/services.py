@@ -23,9 +23,9 @@ from idempotency.models import Operation
 from idempotency.scope import join_scope
 from idempotency.services import Command, accept
 
-from . import cancellation, lifecycle
+from . import cancellation, jobtypes, lifecycle
 from .exceptions import JobEnded, JobNotRetryable
-from .jobtypes import InvalidPayload, JobType, UnknownJobType, job_type
+from .jobtypes import InvalidPayload, JobType, UnknownJobType
 from .models import StageRecord
 
 logger = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ def owner_scope(owner) -> str:
 
 
 def start_job(
-    job_type_: str | type[JobType],
+    job_type: str | type[JobType],
     payload: dict,
     *,
     key: str | IdemKey,
@@ -55,7 +55,7 @@ def start_job(
     its type's clean_payload (InvalidPayload); the same key with another type or payload raises
     IdempotencyKeyMismatch; a new job past the owner's running cap, JobLimitReached. The run is
     enqueued once the transaction commits. `deadline`: a datetime, or a timedelta from now."""
-    job_class = _job_class(job_type_)
+    job_class = _job_class(job_type)
     if owner is not None and getattr(owner, "pk", None) is None:
         raise ValueError(f"start_job() needs a saved owner (a user with a primary key), not {owner!r}")
     if not isinstance(payload, dict):
@@ -172,11 +172,11 @@ def retry_key(job: Operation) -> str:
 
 def _job_class(value: str | type[JobType]) -> type[JobType]:
     if isinstance(value, type) and issubclass(value, JobType):
-        registered = job_type(value.name)  # UnknownJobType unless registered
+        registered = jobtypes.job_type(value.name)  # UnknownJobType unless registered
         if registered is not value:
             raise UnknownJobType(f"{value.__qualname__} is not the registered job type {value.name!r}")
         return value
-    return job_type(value)
+    return jobtypes.job_type(value)
 
 
 def _key(key: str | IdemKey) -> IdemKey:
@@ -223,6 +223,6 @@ def _publish_cancelled(operation: Operation) -> None:
     from .stages import publish_final
 
     try:
-        publish_final(operation, job_type(operation.domain), State.CANCELLED)
+        publish_final(operation, jobtypes.job_type(operation.domain), State.CANCELLED)
     except Exception as exc:
         logger.warning("Job %s: could not publish its final CANCELLED event: %r", operation.op_id, exc)
