@@ -246,8 +246,10 @@ def test_the_cancel_endpoint(api_client, user, other_user, make_operation, djang
     from rest_framework.test import APIClient
 
     mine = make_operation("flaky", {"log": "/dev/null", "api": "x"})
-    response = api_client.post(f"/api/jobs/{mine.op_id}/cancel/")
+    response = api_client.post(f"/api/jobs/{mine.op_id}/cancel/", HTTP_IDEMPOTENCY_KEY="c-1")
     assert response.status_code == 202 and response.json()["state"] == "CANCELLED"
+    replay = api_client.post(f"/api/jobs/{mine.op_id}/cancel/", HTTP_IDEMPOTENCY_KEY="c-1")
+    assert replay.status_code == 202 and replay["Idempotent-Replayed"] == "true"
     ended = api_client.post(f"/api/jobs/{mine.op_id}/cancel/")
     assert ended.status_code == 409 and ended.json()["status"] == 409 and "ended" in ended.json()["detail"]
 
@@ -363,6 +365,37 @@ def test_start_job_and_the_jobs_api_share_the_owners_keys(broker, api_client, us
         start_job("chat", {"prompt": 3}, key="k", owner=user)
     later, _ = start_job("flaky", payload, key="order-2", owner=user, deadline=timedelta(minutes=5))
     assert later.deadline > timezone.now()
+
+
+@pytest.mark.django_db
+def test_the_running_cap_of_eventbus_limits_refuses_new_jobs_not_replays(
+    broker, api_client, user, tmp_path, monkeypatch
+):
+    """eventbus.limits (the API work's) is called for a new job only: 429 with Retry-After."""
+    import sys
+    import types
+
+    from eventbus.exceptions import JobLimitReached
+
+    capped = []
+
+    def check_running_cap(owner):
+        capped.append(owner)
+        if len(capped) > 1:
+            raise JobLimitReached(retry_after=7)
+
+    monkeypatch.setitem(
+        sys.modules, "eventbus.limits", types.SimpleNamespace(check_running_cap=check_running_cap)
+    )
+    payload = flaky_payload(tmp_path)
+    body = {"domain": "flaky", "payload": payload}
+    first = api_client.post("/api/jobs/", body, format="json", HTTP_IDEMPOTENCY_KEY="cap-1")
+    assert first.status_code == 201
+    refused = api_client.post("/api/jobs/", body, format="json", HTTP_IDEMPOTENCY_KEY="cap-2")
+    assert refused.status_code == 429 and refused["Retry-After"] == "7"
+    assert refused["Content-Type"] == "application/problem+json" and refused.json()["status"] == 429
+    assert start_job("flaky", payload, key="cap-1", owner=user)[1] is False  # a replay: not capped
+    assert capped == [user, user] and Operation.objects.count() == 1
 
 
 # Races, with real threads (PostgreSQL in CI) --------------------------------------------------
