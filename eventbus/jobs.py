@@ -208,6 +208,10 @@ def time_out(operation: Operation) -> str:
         job = job_type(operation.domain)()
     except UnknownJobType:
         job = None
+    # PENDING -> RUNNING first: a cancel_job at this moment then only asks (it publishes the
+    # final event of a PENDING job itself), so the job's one final event is this one.
+    if not lifecycle.start(operation):
+        return "skipped"
     return _conclude(operation, job, State.TIMED_OUT)
 
 

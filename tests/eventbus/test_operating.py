@@ -234,6 +234,18 @@ def test_cancelling_a_running_job_sends_a_run_only_when_none_is_live(broker, mak
     assert [f["state"] for f in finals(broker, lost.op_id)] == ["CANCELLED"]
 
 
+@pytest.mark.django_db(transaction=True)  # on_commit runs
+def test_the_recovery_leaves_a_job_cancelled_meanwhile_to_its_cancel(redis_client, make_operation, tmp_path):
+    """A stranded PENDING job past its deadline, cancelled as the recovery reads it: one outcome,
+    CANCELLED, and its one final event says so."""
+    late = make_operation("flaky", flaky_payload(tmp_path), deadline=timezone.now() - timedelta(seconds=1))
+    read_by_the_recovery = Operation.objects.get(pk=late.pk)
+    cancel_job(late.op_id)
+    assert jobs.time_out(read_by_the_recovery) == "skipped"
+    assert Operation.objects.get(pk=late.pk).state == State.CANCELLED
+    assert [f["state"] for f in finals(redis_client, late.op_id)] == ["CANCELLED"]
+
+
 def test_start_job_refuses_an_owner_without_a_key_space(db):
     from django.contrib.auth.models import AnonymousUser
 
