@@ -1,6 +1,7 @@
 """The event bus: exactly-once publish (L1), the ordered router (L2, L3) and the reclaimer.
 
-`publish_event`, `publish_events` and their exceptions are imported on first use: importing
+`publish_event`, `publish_events`, the job services (`start_job`, `cancel_job`, `retry_job`) and
+their exceptions are imported on first use: importing
 the package (INSTALLED_APPS, the Celery app) must not pull in Redis clients or settings.
 """
 
@@ -10,6 +11,12 @@ _EXPORTS = {
     "Event": "eventbus.publish",
     "InvalidEvent": "eventbus.publish",
     "OutOfOrderEvent": "eventbus.publish",
+    "start_job": "eventbus.services",
+    "cancel_job": "eventbus.services",
+    "retry_job": "eventbus.services",
+    "JobEnded": "eventbus.exceptions",
+    "JobNotRetryable": "eventbus.exceptions",
+    "JobLimitReached": "eventbus.exceptions",
 }
 
 __all__ = list(_EXPORTS)

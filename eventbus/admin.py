@@ -19,6 +19,7 @@ class StageRecordAdmin(admin.ModelAdmin):
         "finished_at",
         "error_type",
         "failed_at",
+        "next_attempt_at",
     )
     list_filter = ("stage", "error_type")
     # A job's id, whole or in part (the operation's op_id is its primary key).
@@ -36,6 +37,7 @@ class StageRecordAdmin(admin.ModelAdmin):
         "error_type",
         "error_message",
         "failed_at",
+        "next_attempt_at",
         "traceback",
     )
     readonly_fields = fields

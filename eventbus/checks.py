@@ -54,6 +54,39 @@ def check_job_types(app_configs=None, **kwargs):
     return []
 
 
+def longest_retry_wait(stage) -> float:
+    """The longest a stage's retries can wait in all (backoffs at their +20 % jitter)."""
+    return sum(stage.backoff * 2 ** (attempt - 1) * 1.2 for attempt in range(1, stage.retries + 1))
+
+
+@register()
+def check_stage_retries(app_configs=None, **kwargs):
+    """A stage whose retries wait longer than DEDUP_TTL: its retried attempt republishes its
+    events' seqs after their dedup keys expired, and the bus refuses them (out of order)."""
+    from .jobtypes import registry
+
+    try:
+        types = registry()
+        dedup = eventbus_settings.DEDUP_TTL
+    except (ImproperlyConfigured, ImportError):
+        return []  # check_job_types and check_ttls say why
+    errors = []
+    for job_type in types.values():
+        for stage in job_type.stages:
+            wait = longest_retry_wait(stage)
+            if wait >= dedup:
+                errors.append(
+                    Error(
+                        f"Job type {job_type.name!r}, stage {stage.name!r}: its retries may wait {wait:g}s "
+                        f"in all, not less than EVENTBUS['DEDUP_TTL'] ({dedup}s).",
+                        hint="Lower its retries or backoff, or raise DEDUP_TTL: a retried attempt's events "
+                        "must find their dedup keys.",
+                        id="eventbus.E009",
+                    )
+                )
+    return errors
+
+
 @register()
 def check_ttls(app_configs=None, **kwargs):
     try:

@@ -3,13 +3,18 @@
 Delivery is at least once (acks_late, reject_on_worker_lost, the sweep), so a job's task can
 arrive twice or run again after a crash. The run is made safe to repeat three ways:
 
-- a job already COMPLETED, FAILED or TIMED_OUT is never run again;
+- a job already COMPLETED, FAILED, TIMED_OUT or CANCELLED is never run again;
 - a run lease lets one run at a time work on a job: a Redis lock with a token of its own,
   renewed after every event, released at the end. A second run that finds the lease held
   raises JobBusy and the task retries once the lease could have expired;
 - a run skips the stages an earlier run finished (their results and events are recorded:
   eventbus.stages), republishes their events, which L1 drops, and runs the rest, so the stream
   holds each (stage, seq) of the job once and a finished stage's work never runs again.
+
+A stage's failed attempt that its Stage policy retries ends the run with StageRetry: the lease
+is released and the task is sent again with the backoff as its countdown (eventbus.tasks), so
+a waiting retry holds no worker. A cancelled job's run stops before its next stage (or where
+the running stage reports) and ends it CANCELLED.
 """
 
 from __future__ import annotations
@@ -25,12 +30,13 @@ from redis.exceptions import LockError
 
 from idempotency.models import Operation
 
-from . import lifecycle
+from . import cancellation, lifecycle
 from .conf import eventbus_settings
-from .jobtypes import JobFailed, JobType, UnknownJobType, job_type
+from .jobtypes import JobCancelled, JobFailed, JobType, UnknownJobType, job_type
 from .keys import JobKeys, UnknownDomain
+from .models import StageRecord
 from .redis import get_redis
-from .stages import DeadlinePassed, failure_of, publish_final, run_stages
+from .stages import DeadlinePassed, RunStopped, StageRetry, failure_of, publish_final, run_stages
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +55,7 @@ class JobBusy(Exception):
         self.retry_in = retry_in
 
 
-class RunLeaseLost(Exception):
+class RunLeaseLost(RunStopped):
     """The run's lease expired and another run took the job over."""
 
 
@@ -116,11 +122,11 @@ class RunLease:
 
 def run(job_id: str, *, fail_on_transient: bool = True) -> str:
     """Run the job to its end; returns the outcome ("COMPLETED", "FAILED", "TIMED_OUT",
-    "skipped", "missing" or "lease_lost").
+    "CANCELLED", "skipped", "missing" or "lease_lost").
 
-    Raises JobBusy while another run holds the job, and one of TRANSIENT_ERRORS when Redis or
-    the database failed and `fail_on_transient` is false (the task retries; on its last
-    attempt the job fails instead).
+    Raises JobBusy while another run holds the job, StageRetry when a stage's retry waits, and
+    one of TRANSIENT_ERRORS when Redis or the database failed and `fail_on_transient` is false
+    (the task retries; on its last attempt the job fails instead).
     """
     operation = lifecycle.get(job_id)
     if operation is None:
@@ -141,13 +147,22 @@ def run(job_id: str, *, fail_on_transient: bool = True) -> str:
         lifecycle.refresh_state(operation)  # the lease's previous holder may have finished it
         if lifecycle.is_final(operation):
             return "skipped"
+        was = operation.state
+        # Started before anything is published: a job cancelled before it started (PENDING ->
+        # CANCELLED, by cancel_job) is never run, and once RUNNING only its run ends it.
+        if not lifecycle.start(operation):
+            return "skipped"
         if lifecycle.past_deadline(operation):
             return _conclude(operation, job, State.TIMED_OUT)
-        lifecycle.start(operation)
-        logger.info("Job %s running (%s, was %s)", job_id, operation.domain, operation.state)
+        logger.info("Job %s running (%s, was %s)", job_id, operation.domain, was)
         return _run_stages(operation, job, lease)
     except DeadlinePassed:
         return _conclude(operation, job, State.TIMED_OUT)
+    except JobCancelled as cancelled:
+        logger.info("Job %s: %s", job_id, cancelled)
+        return _conclude(operation, job, State.CANCELLED)
+    except StageRetry:
+        raise
     except JobFailed as failure:
         logger.warning("Job %s failed: %s", job_id, failure.reason)
         return _conclude(operation, job, State.FAILED, **failure.data, error=failure_of(failure))
@@ -174,7 +189,13 @@ def _run_stages(operation: Operation, job: JobType, lease: RunLease) -> str:
             raise DeadlinePassed()
 
     with lease.kept_alive():  # a stage may run longer than the lease between two events
-        results = run_stages(operation, job, after_event=after_event)
+        results = run_stages(
+            operation,
+            job,
+            after_event=after_event,
+            is_cancelled=lambda: cancellation.requested(operation),
+            root_id=lifecycle.chain_root_id(operation),
+        )
         outcome = job.outcome(results) or {}
         publish_final(operation, job, State.COMPLETED, **outcome)
     # The final event is out; only the database is left to tell.
@@ -187,6 +208,10 @@ def time_out(operation: Operation) -> str:
         job = job_type(operation.domain)()
     except UnknownJobType:
         job = None
+    # PENDING -> RUNNING first: a cancel_job at this moment then only asks (it publishes the
+    # final event of a PENDING job itself), so the job's one final event is this one.
+    if not lifecycle.start(operation):
+        return "skipped"
     return _conclude(operation, job, State.TIMED_OUT)
 
 
@@ -202,5 +227,9 @@ def _conclude(operation: Operation, job: JobType | None, state: str, **data) -> 
 
 
 def _record_end(operation: Operation, state: str) -> str:
-    lifecycle.end(operation, state)
+    if lifecycle.end(operation, state) and state != State.COMPLETED:
+        # A retry that waited will not come: the stage is no longer RETRYING.
+        StageRecord.objects.filter(operation=operation, next_attempt_at__isnull=False).update(
+            next_attempt_at=None
+        )
     return state

@@ -45,6 +45,7 @@ or list its dotted path in EVENTBUS["JOB_TYPES"].
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -80,8 +81,23 @@ class JobFailed(Exception):
         self.reason, self.data = reason, data
 
 
+class StageTimeout(TimeoutError):
+    """The stage ran past its `Stage.timeout`: raised where the stage reports (`ctx.report()`)
+    or asks (`ctx.cancelled`, `ctx.check()`), and when it returns late. A failed attempt,
+    retried while the stage has retries left."""
+
+
+class JobCancelled(Exception):
+    """The job was cancelled (eventbus.cancel_job): raised where the running stage reports or
+    calls `ctx.check()`. The job ends CANCELLED; a stage may catch it to clean up first."""
+
+
 class UnknownJobType(LookupError):
     pass
+
+
+# Never retried, whatever a stage's retry_on says: the stage itself chose to end the job.
+NEVER_RETRIED: tuple[type[BaseException], ...] = (JobFailed, JobCancelled)
 
 
 @dataclass(frozen=True)
@@ -92,6 +108,13 @@ class Stage:
     first_seq: int | None = None
     # How many events the stage may report (its seq range).
     width: int = DEFAULT_WIDTH
+    # A failed attempt whose exception is one of `retry_on` (a StageTimeout always is) runs
+    # again, up to `retries` more times, after backoff * 2**(attempt - 1) seconds, +-20 %.
+    retries: int = 0
+    retry_on: tuple[type[BaseException], ...] = (Exception,)
+    backoff: float = 1.0
+    # Seconds an attempt may take (None: no limit); past it the attempt fails with StageTimeout.
+    timeout: float | None = None
 
     def __post_init__(self):
         if not self.name.isidentifier() or self.name == FINAL_STAGE:
@@ -100,6 +123,27 @@ class Stage:
             )
         if self.width < 1:
             raise ImproperlyConfigured(f"Stage {self.name!r}: width must be at least 1.")
+        if isinstance(self.retries, bool) or not isinstance(self.retries, int) or self.retries < 0:
+            raise ImproperlyConfigured(f"Stage {self.name!r}: retries must be an int >= 0.")
+        retry_on = self.retry_on if isinstance(self.retry_on, tuple) else (self.retry_on,)
+        if not all(isinstance(e, type) and issubclass(e, BaseException) for e in retry_on):
+            raise ImproperlyConfigured(f"Stage {self.name!r}: retry_on must be exception classes.")
+        object.__setattr__(self, "retry_on", retry_on)
+        if not isinstance(self.backoff, (int, float)) or self.backoff < 0:
+            raise ImproperlyConfigured(f"Stage {self.name!r}: backoff must be a number of seconds >= 0.")
+        if self.timeout is not None and (not isinstance(self.timeout, (int, float)) or self.timeout <= 0):
+            raise ImproperlyConfigured(f"Stage {self.name!r}: timeout must be a number of seconds > 0.")
+
+    def retryable(self, exc: BaseException, attempt: int) -> bool:
+        """Whether a failure of attempt `attempt` (1, 2...) runs the stage again."""
+        if attempt > self.retries or isinstance(exc, NEVER_RETRIED):
+            return False
+        return isinstance(exc, (StageTimeout, *self.retry_on))
+
+    def retry_delay(self, attempt: int) -> float:
+        """Seconds before the attempt after `attempt`: exponential, with +-20 % jitter so that
+        the jobs a shared outage failed together do not come back together."""
+        return self.backoff * 2 ** (attempt - 1) * random.uniform(0.8, 1.2)
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,9 @@
     accepted (idempotency.services.accept) -> PENDING
     enqueued                               -> enqueued_at set (the run_job task reached the broker)
     a run starts                           -> RUNNING
-    the run ends                           -> COMPLETED | FAILED | TIMED_OUT (final: never left)
+    cancelled before it started            -> CANCELLED (eventbus.services.cancel_job)
+    cancelled while running                -> cancel_requested_at set; its run ends it CANCELLED
+    the run ends                           -> COMPLETED | FAILED | TIMED_OUT | CANCELLED (final: never left)
 
 Each change is a compare-and-set on the state it leaves, so two runs of one job (a task
 delivered twice) cannot move it backwards or end it twice.
@@ -15,6 +17,8 @@ import logging
 from datetime import datetime
 
 from django.db import DatabaseError
+from django.db.models import Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from idempotency.models import Operation
@@ -22,7 +26,9 @@ from idempotency.models import Operation
 logger = logging.getLogger(__name__)
 
 State = Operation.State
-FINAL_STATES = (State.COMPLETED, State.FAILED, State.TIMED_OUT)
+FINAL_STATES = (State.COMPLETED, State.FAILED, State.TIMED_OUT, State.CANCELLED)
+# What retry_job takes: the jobs that did not complete.
+RETRYABLE_STATES = (State.FAILED, State.TIMED_OUT, State.CANCELLED)
 
 
 def get(job_id: str) -> Operation | None:
@@ -38,9 +44,54 @@ def refresh_state(operation: Operation) -> str:
     return operation.state
 
 
-def start(operation: Operation) -> None:
-    """PENDING -> RUNNING (a re-run finds it RUNNING already)."""
-    Operation.objects.filter(pk=operation.pk, state=State.PENDING).update(state=State.RUNNING)
+def start(operation: Operation) -> bool:
+    """PENDING -> RUNNING (a re-run finds it RUNNING already); False when the job has ended
+    meanwhile (cancelled before it started)."""
+    if Operation.objects.filter(pk=operation.pk, state=State.PENDING).update(state=State.RUNNING):
+        operation.state = State.RUNNING
+        return True
+    return not is_final_now(operation)
+
+
+def is_final_now(operation: Operation) -> bool:
+    refresh_state(operation)
+    return is_final(operation)
+
+
+def cancel_pending(operation: Operation) -> bool:
+    """PENDING -> CANCELLED, when no run started it; False otherwise."""
+    now = timezone.now()
+    cancelled = Operation.objects.filter(pk=operation.pk, state=State.PENDING).update(
+        state=State.CANCELLED, cancel_requested_at=now, completed_at=now
+    )
+    if cancelled:
+        operation.state, operation.cancel_requested_at, operation.completed_at = State.CANCELLED, now, now
+        logger.info("Job %s CANCELLED before it started", operation.op_id)
+    return bool(cancelled)
+
+
+def request_cancel(operation: Operation) -> bool:
+    """Ask a RUNNING job's run to stop (the first request's time is kept); False when it is not
+    RUNNING."""
+    now = timezone.now()
+    requested = Operation.objects.filter(pk=operation.pk, state=State.RUNNING).update(
+        cancel_requested_at=Coalesce("cancel_requested_at", Value(now))
+    )
+    if requested:
+        operation.refresh_from_db(fields=["state", "cancel_requested_at"])
+    return bool(requested)
+
+
+def chain_root_id(operation: Operation) -> str:
+    """The first job of the job's retry chain (itself when it retries none): its id makes
+    the stages' keys (StageContext.key)."""
+    root_id, retry_of = operation.op_id, operation.retry_of_id
+    seen = {root_id}
+    while retry_of is not None and retry_of not in seen:
+        seen.add(retry_of)
+        root_id = retry_of
+        retry_of = Operation.objects.filter(pk=retry_of).values_list("retry_of_id", flat=True).first()
+    return str(root_id)
 
 
 def end(operation: Operation, state: str) -> bool:

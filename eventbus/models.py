@@ -25,6 +25,9 @@ class StageRecord(models.Model):
     error_message = models.TextField(null=True, blank=True)
     error_traceback = models.TextField(null=True, blank=True)
     failed_at = models.DateTimeField(null=True, blank=True)
+    # A failed attempt whose retry waits (Stage.retries): when it is due. Cleared when the
+    # attempt starts. The recovery leaves a job alone while it waits.
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -38,3 +41,16 @@ class StageRecord(models.Model):
     @property
     def finished(self) -> bool:
         return self.finished_at is not None
+
+    @property
+    def state(self) -> str:
+        """COMPLETED, RETRYING (a failed attempt's retry waits), FAILED (its last attempt failed,
+        or a cancel stopped it: error_type JobCancelled, and no retry waits) or RUNNING; a
+        declared stage with no record is PENDING."""
+        if self.finished_at is not None:
+            return "COMPLETED"
+        if self.next_attempt_at is not None:
+            return "RETRYING"
+        if self.failed_at is not None and self.failed_at >= self.started_at:
+            return "FAILED"
+        return "RUNNING"

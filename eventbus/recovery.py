@@ -7,6 +7,9 @@ broker's unacked set for the visibility timeout), or Redis lost everything. Such
 enqueued again; its stage records make the new run resume where the old one stopped. A job
 past its deadline ends TIMED_OUT instead, with its final event. The sweep runs this.
 
+A job whose failed stage waits for its retry (StageRecord.next_attempt_at) is alive until that
+retry is due, and RECOVER_AFTER more: its task waits in the broker with a countdown.
+
 A job that waits in a long queue also shows no sign of life: it gets a second message, which
 is harmless (the second run finds the job finished, or its lease held) but wasted, so keep
 RECOVER_AFTER above your queue's usual wait.
@@ -38,10 +41,16 @@ def stranded(*, quiet_since, limit: int):
         Operation.objects.filter(
             state__in=(lifecycle.State.PENDING, lifecycle.State.RUNNING), enqueued_at__isnull=False
         )
-        .annotate(started=Max("stage_records__started_at"), finished=Max("stage_records__finished_at"))
+        .annotate(
+            started=Max("stage_records__started_at"),
+            finished=Max("stage_records__finished_at"),
+            retry_due=Max("stage_records__next_attempt_at"),
+        )
         .filter(enqueued_at__lte=quiet_since)
         .filter(Q(started__isnull=True) | Q(started__lte=quiet_since))
         .filter(Q(finished__isnull=True) | Q(finished__lte=quiet_since))
+        # A stage's retry waiting in the broker (its countdown) is not a lost run until it is due.
+        .filter(Q(retry_due__isnull=True) | Q(retry_due__lte=quiet_since))
         .order_by("accepted_at")[:limit]
     )
 

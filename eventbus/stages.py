@@ -13,16 +13,18 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db.models import F
 from django.utils import timezone
 
-from .jobtypes import FINAL_STAGE, JobFailed, JobType, PlannedStage
+from .jobtypes import FINAL_STAGE, JobCancelled, JobFailed, JobType, PlannedStage, StageTimeout
 from .models import StageRecord
 from .publish import publish_event
 
@@ -37,14 +39,28 @@ MAX_TRACEBACK = 20_000
 _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
-class DeadlinePassed(Exception):
+class RunStopped(Exception):
+    """Raised by the engine to stop a run, never the stage's failure (not retried, not recorded)."""
+
+
+class DeadlinePassed(RunStopped):
     """The job passed its deadline while a stage ran."""
+
+
+class StageRetry(Exception):
+    """A stage's attempt failed and its retry waits `countdown` seconds: the run stops and its
+    task is sent again with that countdown (eventbus.tasks), holding no worker meanwhile."""
+
+    def __init__(self, job_id: str, stage: str, countdown: float):
+        super().__init__(f"Job {job_id}: stage {stage} is retried in {countdown:.2f}s")
+        self.stage, self.countdown = stage, countdown
 
 
 @dataclass
 class StageContext:
     """What a stage's work gets: its job, its payload, the results of the stages before it,
-    a stable idempotency key, and `report()` for progress events."""
+    a stable idempotency key, `report()` for progress events, and `cancelled`/`check()` to
+    stop early when the job is cancelled or the attempt is past its Stage.timeout."""
 
     job_id: str
     domain: str
@@ -55,18 +71,44 @@ class StageContext:
     _planned: PlannedStage
     _emit: Callable[[str, int, dict], None]
     events: list = field(default_factory=list)
+    # The first job of the job's retry chain (eventbus.retry_job): its id makes the key.
+    root_id: str | None = None
+    # Whether the job was cancelled (eventbus.cancellation.requested); None: never.
+    is_cancelled: Callable[[], bool] | None = None
+    started: float = field(default_factory=time.monotonic)
 
     @property
     def key(self) -> str:
-        """`<job id>:<stage>`: the same on every run of this stage of this job."""
-        return f"{self.job_id}:{self.stage}"
+        """`<job id>:<stage>`: the same on every attempt and run of this stage of this job, and
+        of the jobs that retry it (the id is the retry chain's first job's)."""
+        return f"{self.root_id or self.job_id}:{self.stage}"
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the job is cancelled: stop early (return, or raise JobCancelled). Raises
+        StageTimeout past the stage's timeout."""
+        self.check_timeout()
+        return self.is_cancelled is not None and self.is_cancelled()
+
+    def check(self) -> None:
+        """Raise JobCancelled when the job is cancelled, StageTimeout past the stage's timeout.
+        `report()` calls it: a stage that reports is stopped at its next report."""
+        if self.cancelled:
+            raise JobCancelled(f"Job {self.job_id} was cancelled during stage {self.stage!r}")
+
+    def check_timeout(self) -> None:
+        timeout = self._planned.stage.timeout
+        if timeout is not None and time.monotonic() - self.started > timeout:
+            raise StageTimeout(f"Stage {self.stage!r} ran past its timeout of {timeout:g}s")
 
     def report(
         self, *, done: float | None = None, of: float | None = None, progress: int | None = None, **data
     ) -> None:
         """Publish a progress event of this stage now. `done`/`of` place it within the stage
         (the stage's share of the job's progress), `progress` sets the job's percentage
-        outright; other keywords are the event's data (JSON)."""
+        outright; other keywords are the event's data (JSON). Raises JobCancelled or
+        StageTimeout instead (see check())."""
+        self.check()
         if progress is None:
             progress = (
                 self._planned.progress(done, 1 if of is None else of)
@@ -79,14 +121,25 @@ class StageContext:
         self.events.append([self.stage, seq, event])
 
 
-def run_stages(operation, job: JobType, *, after_event: Callable[[], None]) -> dict:
+def run_stages(
+    operation,
+    job: JobType,
+    *,
+    after_event: Callable[[], None],
+    is_cancelled: Callable[[], bool] | None = None,
+    root_id: str | None = None,
+) -> dict:
     """Run the job's stages in order; returns the results by stage name. `after_event` runs
     after every event published (it renews the run lease and checks the deadline, raising to
-    stop the run)."""
+    stop the run). `is_cancelled` says whether the job was cancelled (cheaply: the running
+    stage asks it at each report); before each stage the database is asked. `root_id`: the
+    retry chain's first job (the stages' keys).
+
+    Raises JobCancelled (the job was cancelled: no later stage starts), StageRetry (a failed
+    attempt's retry waits), or the stage's exception (the job fails)."""
     job_id, domain = str(operation.op_id), operation.domain
-    finished = {
-        r.stage: r for r in StageRecord.objects.filter(operation=operation, finished_at__isnull=False)
-    }
+    records = {r.stage: r for r in StageRecord.objects.filter(operation=operation)}
+    finished = {name: r for name, r in records.items() if r.finished_at is not None}
     results: dict[str, Any] = {}
 
     def emit(stage: str, seq: int, data: dict) -> None:
@@ -101,27 +154,77 @@ def run_stages(operation, job: JobType, *, after_event: Callable[[], None]) -> d
                 emit(stage, seq, data)
             results[planned.name] = record.result
             continue
+        if _cancel_recorded(operation):
+            raise JobCancelled(f"Job {job_id} was cancelled before stage {planned.name!r}")
+        waiting = records.get(planned.name)
+        if waiting is not None and waiting.next_attempt_at is not None:
+            # A run before the retry is due (a duplicate message, the recovery): it waits too.
+            due = (waiting.next_attempt_at - timezone.now()).total_seconds()
+            if due > 0:
+                raise StageRetry(job_id, planned.name, due)
         attempt = _start(operation, planned.name)
         logger.info("Job %s: stage %s, attempt %d", job_id, planned.name, attempt)
         ctx = StageContext(
-            job_id, domain, operation.payload, planned.name, attempt, dict(results), planned, emit
+            job_id,
+            domain,
+            operation.payload,
+            planned.name,
+            attempt,
+            dict(results),
+            planned,
+            emit,
+            root_id=root_id,
+            is_cancelled=is_cancelled,
         )
         try:
             result = run_stage(job, ctx)
             _finish(operation, planned.name, result, ctx.events)
-        except DeadlinePassed:
-            raise  # the job times out: no fault of the stage's
+        except RunStopped:
+            raise  # no fault of the stage's
+        except JobCancelled as exc:
+            _record_failure(operation, planned.name, exc)  # where the cancel stopped the job
+            raise
         except Exception as exc:
+            if is_cancelled is not None and _cancelled_anyway(is_cancelled):
+                _record_failure(operation, planned.name, exc)  # stopping, it failed: not retried
+                raise JobCancelled(f"Job {job_id} was cancelled; stage {planned.name!r} stopped") from exc
+            if planned.stage.retryable(exc, attempt):
+                delay = planned.stage.retry_delay(attempt)
+                _record_failure(operation, planned.name, exc, retry_in=delay)
+                logger.warning(
+                    "Job %s: stage %s attempt %d failed (%s: %s); retried in %.2fs",
+                    job_id,
+                    planned.name,
+                    attempt,
+                    type(exc).__name__,
+                    exc,
+                    delay,
+                )
+                raise StageRetry(job_id, planned.name, delay) from exc
             _record_failure(operation, planned.name, exc)
             raise
         results[planned.name] = result
     return results
 
 
+def _cancel_recorded(operation) -> bool:
+    """The database's word (Redis may have lost the cancel flag)."""
+    operation.refresh_from_db(fields=["cancel_requested_at"])
+    return operation.cancel_requested_at is not None
+
+
+def _cancelled_anyway(is_cancelled: Callable[[], bool]) -> bool:
+    try:
+        return is_cancelled()
+    except Exception:
+        return False
+
+
 def run_stage(job: JobType, ctx: StageContext):
     """One stage's work, its result as recorded; a stage that reported nothing still gets an
     event: it finished."""
     result = recorded(ctx.stage, job.work_of(ctx._planned.stage)(ctx))
+    ctx.check_timeout()  # an attempt that returns late failed all the same (its result is dropped)
     if not ctx.events:
         ctx.report(done=1, of=1)
     return result
@@ -166,7 +269,9 @@ def publish_final(operation, job: type[JobType] | JobType, state: str, **data) -
 
 def _start(operation, stage: str) -> int:
     record, _ = StageRecord.objects.get_or_create(operation=operation, stage=stage)
-    StageRecord.objects.filter(pk=record.pk).update(attempts=F("attempts") + 1, started_at=timezone.now())
+    StageRecord.objects.filter(pk=record.pk).update(
+        attempts=F("attempts") + 1, started_at=timezone.now(), next_attempt_at=None
+    )
     return record.attempts + 1
 
 
@@ -209,10 +314,10 @@ def failure_of(exc: BaseException) -> dict:
     return getattr(exc, "_eventbus_failure", None) or describe(exc)
 
 
-def _record_failure(operation, stage: str, exc: Exception) -> None:
+def _record_failure(operation, stage: str, exc: Exception, *, retry_in: float | None = None) -> None:
     """Keep the failure on the stage's record (its traceback too, for the admin), and say which
     stage it came from to whoever ends the job (failure_of). Another attempt clears it when it
-    finishes the stage."""
+    finishes the stage. `retry_in`: seconds until the retry of the stage, which waits."""
     failure = describe(exc, stage)
     try:
         exc._eventbus_failure = failure  # type: ignore[attr-defined]
@@ -224,6 +329,7 @@ def _record_failure(operation, stage: str, exc: Exception) -> None:
             error_message=failure["message"],
             error_traceback=_bounded("".join(traceback.format_exception(exc)), MAX_TRACEBACK, keep_end=True),
             failed_at=timezone.now(),
+            next_attempt_at=None if retry_in is None else timezone.now() + timedelta(seconds=retry_in),
         )
     except Exception:  # the database away: the failure is still logged and told in the final event
         logger.warning(

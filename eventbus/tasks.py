@@ -2,11 +2,13 @@
 calls eventbus.jobs."""
 
 import logging
+import time
 
 from celery import shared_task
 from celery.signals import worker_init
 
 from . import jobs, lifecycle
+from .stages import StageRetry
 
 logger = logging.getLogger(__name__)
 
@@ -28,11 +30,24 @@ def run_job(self, job_id: str, failures: int = 0) -> str:
     try:
         return jobs.run(job_id, fail_on_transient=final_attempt)
     except jobs.JobBusy as busy:
-        raise self.retry(countdown=busy.retry_in) from busy
+        raise _retry(self, busy.retry_in) from busy
+    except StageRetry as retry:
+        # The stage's backoff as a countdown: the message waits in the broker (or as an ETA in
+        # the worker's consumer), not in a pool process, so other jobs run meanwhile.
+        raise _retry(self, retry.countdown) from retry
     except jobs.TRANSIENT_ERRORS as exc:
         if final_attempt:
             raise
         raise self.retry(exc=exc, countdown=min(2**failures, 30), kwargs={"failures": failures + 1}) from exc
+
+
+def _retry(task, countdown: float):
+    """The task again in `countdown` seconds. Run eagerly (CELERY_TASK_ALWAYS_EAGER), Celery
+    runs a retry at once, ignoring the countdown: the wait is then here, or the retry would
+    find the wait not over and recurse."""
+    if task.request.is_eager:
+        time.sleep(countdown)
+    return task.retry(countdown=countdown)
 
 
 def enqueue(operation, *, again: bool = False) -> bool:

@@ -60,7 +60,12 @@ BAD_REQUEST, NOT_LOGGED_IN, NOT_FOUND, TOO_SLOW = 4400, 4401, 4404, 4008
 DATABASE_AWAY = (OperationalError, InterfaceError)
 # The job's outcome is known (its final event carries it too, if it was published).
 ENDED = frozenset(
-    {Operation.State.COMPLETED.value, Operation.State.FAILED.value, Operation.State.TIMED_OUT.value}
+    {
+        Operation.State.COMPLETED.value,
+        Operation.State.FAILED.value,
+        Operation.State.TIMED_OUT.value,
+        Operation.State.CANCELLED.value,
+    }
 )
 
 

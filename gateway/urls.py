@@ -7,4 +7,6 @@ urlpatterns = [
     path("favicon.ico", views.favicon, name="favicon"),
     path("api/jobs/", api.JobListView.as_view(), name="job-list"),
     path("api/jobs/<uuid:job_id>/", api.JobDetailView.as_view(), name="job-detail"),
+    path("api/jobs/<uuid:job_id>/cancel/", api.JobCancelView.as_view(), name="job-cancel"),
+    path("api/jobs/<uuid:job_id>/retry/", api.JobRetryView.as_view(), name="job-retry"),
 ]

@@ -1,13 +1,16 @@
-"""The admin of idempotency records and operations: read-only views, and two actions on keys.
+"""The admin of idempotency records and operations: read-only views, two actions on keys, and
+two on jobs (with the event bus installed).
 
 Each action declares the model permission it needs (Django then neither offers it nor runs a
 forged POST of it without that permission): evicting a key deletes its record, so it needs
 `delete`; expiring one changes it, so `change`. Either makes the owner's next retry execute
 the view again, which a member who may only view the records must not be able to cause.
+Cancelling or retrying a job (eventbus.services) changes what runs: `change` too.
 """
 
 import json
 
+from django.apps import apps
 from django.contrib import admin, messages
 from django.utils import timezone
 from django.utils.html import format_html
@@ -86,6 +89,45 @@ class OperationAdmin(admin.ModelAdmin):
     date_hierarchy = "accepted_at"
     readonly_fields = [f.name for f in Operation._meta.fields]
     raw_id_fields = ("owner",)
+    actions = ("cancel_jobs", "retry_jobs")
 
     def has_add_permission(self, request):
         return False
+
+    def get_actions(self, request):
+        actions = super().get_actions(request)
+        if not apps.is_installed("eventbus"):  # the jobs' services are the event bus's
+            actions.pop("cancel_jobs", None)
+            actions.pop("retry_jobs", None)
+        return actions
+
+    @admin.action(permissions=["change"], description="Cancel the selected jobs")
+    def cancel_jobs(self, request, queryset):
+        from eventbus.services import cancel_job
+
+        cancelled = ended = 0
+        for job_id in queryset.values_list("op_id", flat=True):
+            try:
+                cancel_job(job_id)
+                cancelled += 1
+            except Exception as exc:  # JobEnded, or the job deleted meanwhile
+                ended += 1
+                self.message_user(request, f"{job_id}: {exc}", messages.WARNING)
+        self.message_user(request, f"Cancelled {cancelled} job(s); {ended} had ended.", messages.SUCCESS)
+
+    @admin.action(
+        permissions=["change"], description="Retry the selected jobs (FAILED, TIMED_OUT or CANCELLED)"
+    )
+    def retry_jobs(self, request, queryset):
+        from eventbus.services import retry_job, retry_key
+
+        retried = 0
+        for job in queryset.only("op_id"):
+            try:
+                # The bulk key: the command and this action retry each job once between them.
+                new, created = retry_job(job.op_id, key=retry_key(job))
+            except Exception as exc:  # JobNotRetryable, the owner's running cap
+                self.message_user(request, f"{job.op_id}: {exc}", messages.WARNING)
+                continue
+            retried += created
+        self.message_user(request, f"Retried {retried} job(s).", messages.SUCCESS)

@@ -46,6 +46,7 @@ class Operation(models.Model):
         COMPLETED = "COMPLETED"
         FAILED = "FAILED"
         TIMED_OUT = "TIMED_OUT"
+        CANCELLED = "CANCELLED"
 
     op_id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     scope = models.CharField(max_length=255)
@@ -62,6 +63,13 @@ class Operation(models.Model):
     enqueued_at = models.DateTimeField(null=True, blank=True)
     completed_at = models.DateTimeField(null=True, blank=True)
     deadline = models.DateTimeField(null=True, blank=True)
+    # The job this one retries (eventbus.retry_job): it reuses that job's finished stages, and
+    # its stages' keys are those of the first job of the chain.
+    retry_of = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="retries"
+    )
+    # eventbus.cancel_job asked the running job to stop; its run ends it CANCELLED.
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["scope", "idem_key"], name="operation_scope_idem_key")]

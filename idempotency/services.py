@@ -37,6 +37,8 @@ class Command:
     biz_key: str = ""
     owner: Any = None
     deadline: datetime | None = None
+    # The job this command retries (eventbus.retry_job): part of what the key stands for.
+    retry_of: Operation | None = None
 
 
 def accept(
@@ -61,6 +63,7 @@ def accept(
                 biz_key=command.biz_key,
                 owner=command.owner,
                 deadline=command.deadline,
+                retry_of=command.retry_of,
             )
     except IntegrityError:
         # The race on (scope, key): its winner's row. Any other violation is raised as it is.
@@ -68,10 +71,11 @@ def accept(
         if winner is None:
             raise
         operation = winner
-        if (operation.domain, operation.event_type, operation.payload) != (
+        if (operation.domain, operation.event_type, operation.payload, operation.retry_of_id) != (
             command.domain,
             command.event_type,
             command.payload,
+            command.retry_of.pk if command.retry_of is not None else None,
         ):
             raise IdempotencyKeyMismatch(  # noqa: B904 (the IntegrityError is the expected path, not a cause)
                 f"Key {command.idem_key} was accepted before for another command (operation {operation.op_id})."

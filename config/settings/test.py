@@ -29,7 +29,12 @@ EVENTBUS = {
     "STAGE_SECONDS": float(os.environ.get("EVENTBUS_STAGE_SECONDS", 0)),
     # The chaos harness's processes recover a lost run well within its short run.
     "RECOVER_AFTER": float(os.environ.get("EVENTBUS_RECOVER_AFTER", 300)),
-    # The demo's job types, and one of the test suite's own (written as a user writes one).
-    "JOB_TYPES": (*DEMO_JOB_TYPES, "tests.eventbus.jobtypes.StagedJob"),
+    # The demo's job types, and the test suite's own (written as a user writes them).
+    "JOB_TYPES": (
+        *DEMO_JOB_TYPES,
+        "tests.eventbus.jobtypes.StagedJob",
+        "tests.eventbus.jobtypes.FlakyJob",
+        "tests.eventbus.jobtypes.PatientFlakyJob",
+    ),
 }
 SERVE_STATIC = True  # config.asgi serves /static/ itself

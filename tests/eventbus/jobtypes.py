@@ -66,3 +66,91 @@ class StagedJob(JobType):
 
 def lines(path) -> list[str]:
     return Path(path).read_text().splitlines() if Path(path).exists() else []
+
+
+# An outside API (a payment provider's) that is down for a while, in the bus's Redis so that
+# tests see it from the worker's processes: `<api>:failures` more calls fail (ConnectionError,
+# as an HTTP client raises on a 503), each call's key is listed in `<api>:calls`, and each key
+# is charged at most once in `<api>:charges` (the provider keeps its idempotency keys): the
+# charges are the outside effects, one per key that reached a working API.
+def outside_api_down(api: str, failures: int) -> None:
+    from eventbus.redis import get_redis
+
+    get_redis().set(f"{api}:failures", failures)
+
+
+def outside_api_calls(api: str) -> list[str]:
+    from eventbus.redis import get_redis
+
+    return [key.decode() for key in get_redis().lrange(f"{api}:calls", 0, -1)]
+
+
+def outside_api_charges(api: str) -> dict[str, int]:
+    from eventbus.redis import get_redis
+
+    return {k.decode(): int(v) for k, v in get_redis().hgetall(f"{api}:charges").items()}
+
+
+def call_outside_api(api: str, key: str, *, charge_first: bool = False) -> None:
+    """`charge_first`: the charge is made and then the answer is lost (the error comes after)."""
+    from eventbus.redis import get_redis
+
+    client = get_redis()
+    client.rpush(f"{api}:calls", key)
+    if charge_first:
+        client.hsetnx(f"{api}:charges", key, 1)
+    if client.decr(f"{api}:failures") >= 0:
+        raise ConnectionError(f"{api} answered 503")
+    client.hsetnx(f"{api}:charges", key, 1)  # once per key, as the provider keeps its keys
+
+
+class FlakyJob(JobType):
+    """A payment stage that retries a flaky outside API; a long stage that can be cancelled."""
+
+    name = "flaky"
+    stages = (
+        Stage("prepare", "Preparing"),
+        Stage("pay", "Paying", retries=3, retry_on=(ConnectionError,), backoff=0.05),
+        Stage("wait", "Waiting", width=50),
+        Stage("finish", "Finishing"),
+    )
+
+    def prepare(self, ctx):
+        log(ctx.payload["log"], "prepare")
+        return {"amount": 5}
+
+    def pay(self, ctx):
+        log(ctx.payload["log"], f"pay attempt {ctx.attempt} key {ctx.key}")
+        ctx.report(done=0, of=2, step="calling")
+        if ctx.payload.get("refuse"):
+            raise ValueError("card declined")  # not in retry_on: fails the job at once
+        call_outside_api(ctx.payload["api"], ctx.key, charge_first=ctx.payload.get("charge_first", False))
+        ctx.report(done=1, of=2, step="paid")
+        return {"paid": ctx.results["prepare"]["amount"]}
+
+    def wait(self, ctx):
+        """`wait` seconds in steps of 0.1, reporting each: a cancel stops it at its next report."""
+        steps = int(ctx.payload.get("wait", 0) * 10)
+        for step in range(steps):
+            ctx.report(done=step, of=steps)
+            time.sleep(0.1)
+        return {}
+
+    def finish(self, ctx):
+        log(ctx.payload["log"], "finish")
+        return {"receipt": f"r-{ctx.key}"}
+
+    def outcome(self, results):
+        return {"receipt": results["finish"]["receipt"]}
+
+
+class PatientFlakyJob(FlakyJob):
+    """FlakyJob whose payment retries wait seconds: long enough to see other jobs run meanwhile."""
+
+    name = "flaky_patient"
+    stages = (
+        Stage("prepare", "Preparing"),
+        Stage("pay", "Paying", retries=1, retry_on=(ConnectionError,), backoff=8),
+        Stage("wait", "Waiting", width=50),
+        Stage("finish", "Finishing"),
+    )

@@ -69,3 +69,34 @@ def test_no_add_no_change_and_delete_only_with_its_permission(failed_stage, djan
         == 302
     )
     assert not StageRecord.objects.filter(pk=failed_stage.pk).exists()
+
+
+# The job actions of the operation admin (idempotency.admin, services of eventbus) -------------
+
+JOBS = "/admin/idempotency/operation/"
+
+
+def job_action(client, action, *operations):
+    return client.post(JOBS, {"action": action, "_selected_action": [o.pk for o in operations]}, follow=True)
+
+
+@pytest.mark.django_db(transaction=True)  # cancel_job's final event is published on commit
+def test_the_job_actions_need_the_change_permission(broker, make_operation, django_user_model):
+    from idempotency.models import Operation
+
+    pending = make_operation("flaky", {"log": "/dev/null", "api": "x"})
+    failed = make_operation("flaky", {"log": "/dev/null", "api": "x"}, state=Operation.State.FAILED)
+    viewer = staff(django_user_model, "viewer", "view_operation")
+    for action, job in (("cancel_jobs", pending), ("retry_jobs", failed)):
+        assert job_action(viewer, action, job).status_code == 200  # "no action selected"
+    assert Operation.objects.get(pk=pending.pk).state == Operation.State.PENDING
+    assert not Operation.objects.filter(retry_of=failed).exists()
+
+    changer = staff(django_user_model, "changer", "view_operation", "change_operation")
+    assert b"Cancelled 1 job(s); 1 had ended." in job_action(changer, "cancel_jobs", pending, failed).content
+    assert Operation.objects.get(pk=pending.pk).state == Operation.State.CANCELLED
+    page = job_action(changer, "retry_jobs", failed, pending).content
+    assert b"Retried 2 job(s)." in page  # the cancelled one too
+    assert job_action(changer, "retry_jobs", failed).content.count(b"Retried 0 job(s).") == 1  # once each
+    retry = Operation.objects.get(retry_of=failed)
+    assert (retry.idem_key, retry.owner_id) == (f"retry:{failed.op_id}", failed.owner_id)

@@ -83,3 +83,18 @@ def test_a_plain_or_well_formed_sentinel_url_passes(eventbus_settings_override):
         assert check_redis_url() == []
     with eventbus_settings_override():
         assert check_redis_url() == []
+
+
+def test_stage_retries_that_outwait_the_dedup_keys_are_an_error(eventbus_settings_override, monkeypatch):
+    from eventbus.checks import check_stage_retries
+    from eventbus.jobtypes import Stage
+
+    from .jobtypes import FlakyJob
+
+    with eventbus_settings_override():
+        assert check_stage_retries() == []
+    # 10 retries of 10 s doubling: up to 10 x 1023 x 1.2 s, past the 7200 s dedup keys.
+    monkeypatch.setattr(FlakyJob, "stages", (Stage("pay", retries=10, backoff=10),))
+    with eventbus_settings_override():
+        [error] = check_stage_retries()
+    assert error.id == "eventbus.E009" and "'flaky', stage 'pay'" in error.msg

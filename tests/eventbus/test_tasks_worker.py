@@ -200,8 +200,8 @@ CRASH_AFTER_COMMIT = """
 import os
 from django.contrib.auth import get_user_model
 from rest_framework.test import APIClient
-import gateway.api
-gateway.api.enqueue = lambda operation: os._exit(9)
+import eventbus.tasks
+eventbus.tasks.enqueue = lambda operation, **options: os._exit(9)
 client = APIClient()
 client.force_authenticate(get_user_model().objects.get(username={username!r}))
 client.post('/api/jobs/', {{'domain': 'scan', 'payload': {{}}}}, format='json', HTTP_IDEMPOTENCY_KEY='window')

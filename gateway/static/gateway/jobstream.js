@@ -17,7 +17,7 @@
  *   delivered. onEvent(event) gets each event once, in seq order: a frame with seq <= lastSeq
  *   is dropped (the server never sends one; onDropped(frame) hears of it if you ask).
  * - onReset(state, frame): the history no longer reaches back; carry on from `state` (its seq
- *   becomes lastSeq). A state whose `state` is COMPLETED/FAILED/TIMED_OUT is the job's outcome.
+ *   becomes lastSeq). A state whose `state` is COMPLETED/FAILED/TIMED_OUT/CANCELLED is the job's outcome.
  * - Reconnects on any other close with exponential backoff and jitter (minDelay 500 ms doubling
  *   to maxDelay 10 s, back to the start once a socket opens); at once after 4008 (too slow).
  * - Stops for good on 4400/4401/4403/4404, after calling onError({code, detail, fatal: true});
@@ -30,7 +30,7 @@
   "use strict";
 
   const FATAL = { 4400: "bad parameters", 4401: "not logged in", 4403: "not your job", 4404: "no such job" };
-  const ENDED = ["COMPLETED", "FAILED", "TIMED_OUT"];
+  const ENDED = ["COMPLETED", "FAILED", "TIMED_OUT", "CANCELLED"];
 
   class JobStream {
     static watch(url, options) {

@@ -1,0 +1,44 @@
+"""Errors of the job services (eventbus.services), each with the HTTP status the jobs API
+answers it with (a problem+json)."""
+
+from __future__ import annotations
+
+
+class JobServiceError(Exception):
+    status = 400
+    title = "The job cannot do this"
+
+
+class JobEnded(JobServiceError):
+    """cancel_job() of a job that has ended (COMPLETED, FAILED, TIMED_OUT or CANCELLED)."""
+
+    status = 409
+    title = "The job has ended"
+
+    def __init__(self, job):
+        super().__init__(f"Job {job.op_id} is {job.state}: it has ended, there is nothing to cancel.")
+        self.job = job
+
+
+class JobNotRetryable(JobServiceError):
+    """retry_job() of a job that is not FAILED, TIMED_OUT or CANCELLED."""
+
+    status = 409
+    title = "The job cannot be retried"
+
+    def __init__(self, job):
+        super().__init__(
+            f"Job {job.op_id} is {job.state}: only a FAILED, TIMED_OUT or CANCELLED job can be retried."
+        )
+        self.job = job
+
+
+class JobLimitReached(JobServiceError):
+    """The owner has as many running jobs as they may (EVENTBUS["MAX_RUNNING_JOBS_PER_USER"])."""
+
+    status = 429
+    title = "Too many running jobs"
+
+    def __init__(self, retry_after: int, message: str = ""):
+        super().__init__(message or f"Too many running jobs; retry after {retry_after} s.")
+        self.retry_after = retry_after
