@@ -86,3 +86,35 @@ def _backfill(raws, applied, state) -> Backfill | ValueError:
         )
     except ValueError as exc:
         return exc
+
+
+@dataclass(frozen=True, slots=True)
+class StageRow:
+    """One stage of a job as the admin's timeline shows it: a declared stage, or a recorded one
+    its type no longer declares (or of a type no longer registered)."""
+
+    name: str
+    label: str
+    state: str  # StageRecord.state, or PENDING for a declared stage without a record
+    record: object | None  # its StageRecord
+
+
+def job_stages(operation, records=None) -> list[StageRow]:
+    """Every stage of the job: its type's declared stages in order, each with its record (or
+    PENDING), then the records of stages the type does not declare, by when they started."""
+    from .jobtypes import UnknownJobType, job_type
+
+    if records is None:
+        records = list(operation.stage_records.all())
+    by_name = {record.stage: record for record in records}
+    try:
+        planned = job_type(operation.domain).plan()
+    except UnknownJobType:
+        planned = []
+    rows = []
+    for stage in planned:
+        record = by_name.pop(stage.name, None)
+        rows.append(StageRow(stage.name, stage.label, record.state if record else "PENDING", record))
+    for record in sorted(by_name.values(), key=lambda r: r.started_at):
+        rows.append(StageRow(record.stage, record.stage, record.state, record))
+    return rows

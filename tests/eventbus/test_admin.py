@@ -100,3 +100,79 @@ def test_the_job_actions_need_the_change_permission(broker, make_operation, djan
     assert job_action(changer, "retry_jobs", failed).content.count(b"Retried 0 job(s).") == 1  # once each
     retry = Operation.objects.get(retry_of=failed)
     assert (retry.idem_key, retry.owner_id) == (f"retry:{failed.op_id}", failed.owner_id)
+
+
+# A job's page and the job list (idempotency.admin's OperationAdmin, eventbus.selectors) -------
+
+
+@pytest.fixture
+def failed_job(redis_client, make_operation, tmp_path):
+    """A staged job run to FAILED in its second stage, with an error that is markup."""
+    from idempotency.models import Operation
+
+    operation = make_operation("staged", {"log": str(tmp_path / "log"), "raise": "<script>alert(1)</script>"})
+    assert jobs.run(str(operation.op_id)) == "FAILED"
+    return Operation.objects.get(pk=operation.pk)
+
+
+def test_a_jobs_page_shows_its_stages_as_a_timeline_its_events_and_its_retry_chain(
+    failed_job, django_user_model
+):
+    from eventbus.services import retry_job
+
+    retry, _ = retry_job(failed_job.op_id, key="admin-retry")
+    viewer = staff(django_user_model, "viewer", "view_operation")
+    page = viewer.get(f"{JOBS}{failed_job.pk}/change/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    timeline = html[
+        html.index("<th>next attempt</th>") : html.index("</table>", html.index("<th>next attempt</th>"))
+    ]
+    rows = [row for row in timeline.split("<tr>")[1:]]
+    assert [row.split("</td><td>")[1:3] for row in rows] == [
+        ["First (first)", "COMPLETED"],
+        ["Second (second)", "FAILED"],
+        ["Third (third)", "PENDING"],
+    ]
+    assert "ValueError: &lt;script&gt;alert(1)&lt;/script&gt;" in rows[1]
+    assert "<script>alert(1)</script>" not in html  # escaped everywhere: the payload too
+    # Its events: the first stage's (recorded), then the final FAILED one (Redis).
+    events = html[html.index("<th>seq</th>") :]
+    assert "<td>10</td><td>first</td>" in events and "<td>51</td><td>done (Redis)</td>" in events
+    assert "alice (user " in html  # whose keyspace, not only "t:1"
+    assert f'href="{JOBS}{retry.pk}/change/"' in html  # retried by
+    retried = viewer.get(f"{JOBS}{retry.pk}/change/").content.decode()
+    assert f'href="{JOBS}{failed_job.pk}/change/"' in retried  # retry of
+    # The retry reused the first stage: COMPLETED there too, the others not run yet.
+    assert "<td>First (first)</td><td>COMPLETED</td>" in retried
+    assert "<td>Second (second)</td><td>PENDING</td>" in retried
+
+
+def test_the_job_list_filters_by_state_and_type_without_a_query_per_row(
+    failed_job, make_operation, django_user_model
+):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from idempotency.models import Operation
+
+    viewer = staff(django_user_model, "viewer", "view_operation")
+
+    def listing(**filters):
+        with CaptureQueriesContext(connection) as queries:
+            page = viewer.get(JOBS, filters)
+        assert page.status_code == 200
+        return {str(job.pk) for job in page.context["cl"].result_list}, len(queries)
+
+    shown, few = listing()
+    assert shown == {str(failed_job.pk)}
+    others = [make_operation("flaky", {"api": "x"}) for _ in range(5)]
+    shown, many = listing()
+    assert len(shown) == 6 and many == few  # the owner column's users come in the page's query
+    assert listing(state="FAILED")[0] == {str(failed_job.pk)}
+    assert listing(domain="flaky")[0] == {str(o.pk) for o in others}
+    assert listing(domain="flaky", state="FAILED")[0] == set()
+    page = viewer.get(JOBS).content.decode()
+    for column in ("Owner", "State", "Domain", "Accepted at", "Duration"):
+        assert column in page
+    assert Operation.objects.count() == 6
