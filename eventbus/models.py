@@ -54,3 +54,16 @@ class StageRecord(models.Model):
         if self.failed_at is not None and self.failed_at >= self.started_at:
             return "FAILED"
         return "RUNNING"
+
+
+class DeadLetter(models.Model):
+    """No table: dead letters are entries of Redis streams (`{domain:shard}:dead`, read by
+    eventbus.redrive). The model exists for the admin (eventbus.admin lists them) and for its
+    permissions, which migrate creates as for any model: `view_deadletter` shows them, and
+    `redrive_deadletter` puts them back on their streams. Never query it."""
+
+    class Meta:
+        managed = False
+        default_permissions = ("view",)  # nobody adds, edits or deletes one through Django
+        permissions = [("redrive_deadletter", "Can re-drive dead letters to their streams")]
+        verbose_name = "dead letter"

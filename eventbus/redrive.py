@@ -7,6 +7,8 @@ re-added and deleted from the dead letters in one script; per shard in seq order
 original stream id, so a job's entries come back in the order the router needs. Dead letters
 that are malformed in themselves (not JSON, missing fields) stay where they are: re-adding
 them would only dead-letter them again.
+
+`dead_letters` reads them without re-driving (the admin's list: eventbus.admin).
 """
 
 from __future__ import annotations
@@ -33,6 +35,14 @@ class DeadLetter:
     job_id: str | None = None
     malformed: str | None = None
     new_id: str | None = None  # its id back in the shard stream
+    domain: str = ""
+    shard: int = 0
+    deliveries: int | None = None  # how many times the router had it (None: it refused it at once)
+
+    @property
+    def dead_at_ms(self) -> int:
+        """When it was dead-lettered (its id in the dead letters is a Redis stream timestamp)."""
+        return int(self.dead_id.partition("-")[0] or 0)
 
     @property
     def order(self) -> tuple:
@@ -51,27 +61,54 @@ def read_dead_letters(client, dead_key: str) -> list[tuple[str, dict]]:
         start = "(" + page[-1][0].decode()
 
 
+def dead_letter(stream, dead_id: str, fields: dict) -> DeadLetter:
+    """One dead letter of the shard stream `stream` (eventbus.delivery.streams_for), parsed."""
+    deliveries = fields.get(b"deliveries", b"")
+    letter = DeadLetter(
+        stream.key,
+        dead_id,
+        fields.get(b"original_stream_id", b"0-0").decode(errors="replace"),
+        fields.get(b"reason", b"").decode(errors="replace"),
+        original_fields(fields),
+        domain=stream.domain,
+        shard=stream.shard,
+        deliveries=int(deliveries) if deliveries.isdigit() else None,
+    )
+    try:
+        event = parse_entry(stream.domain, stream.shard, letter.original_stream_id, letter.fields)
+        letter.seq, letter.job_id = event.seq, event.job_id
+    except MalformedEntry as exc:
+        letter.malformed = str(exc)
+    return letter
+
+
+def dead_letters(domain: str, *, client=None, limit: int | None = None) -> list[DeadLetter]:
+    """The domain's dead letters, shard by shard, each shard's in the order a redrive re-adds
+    them; `limit`: at most the first (oldest) `limit` of each shard."""
+    client = client or get_redis()
+    report = []
+    for stream in streams_for([domain]):
+        if limit is None:
+            raw = read_dead_letters(client, stream.dead_letters)
+        else:
+            raw = [(i.decode(), f) for i, f in client.xrange(stream.dead_letters, "-", "+", count=limit)]
+        letters = [dead_letter(stream, dead_id, fields) for dead_id, fields in raw]
+        report.extend(sorted(letters, key=lambda letter: letter.order))
+    return report
+
+
 def redrive(domain: str, *, dry_run: bool = False, client=None) -> list[DeadLetter]:
     """Every dead letter of the domain; the well-formed ones re-added (new_id) unless dry_run."""
     client = client or get_redis()
     report = []
     for stream in streams_for([domain]):
-        letters = []
-        for dead_id, fields in read_dead_letters(client, stream.dead_letters):
-            letter = DeadLetter(
-                stream.key,
-                dead_id,
-                fields.get(b"original_stream_id", b"0-0").decode(),
-                fields.get(b"reason", b"").decode(errors="replace"),
-                original_fields(fields),
-            )
-            try:
-                event = parse_entry(domain, stream.shard, letter.original_stream_id, letter.fields)
-                letter.seq, letter.job_id = event.seq, event.job_id
-            except MalformedEntry as exc:
-                letter.malformed = str(exc)
-            letters.append(letter)
-        letters.sort(key=lambda letter: letter.order)
+        letters = sorted(
+            (
+                dead_letter(stream, dead_id, fields)
+                for dead_id, fields in read_dead_letters(client, stream.dead_letters)
+            ),
+            key=lambda letter: letter.order,
+        )
         todo = [letter for letter in letters if not letter.malformed]
         if todo and not dry_run:
             calls = [
