@@ -17,7 +17,10 @@ with the worker, the router and the reclaimer, then the development server (runs
 DEBUG on). It checks that a keyed POST to the project's own DRF view runs once and its retry
 replays; that a job of the project's own type runs through the worker and the router to a
 WebSocket client, which gets each of its events once, in seq order, ending with the final one;
-and, under both servers, that every script, style sheet and icon the page, its login page and
+that operating jobs works (a stage retried after an outside API's 503, a long stage
+cancelled through the API ending CANCELLED, a failed job retried through the API completing
+without running its finished stages again), and that the admin shows a job's stages and
+the dead letters; and, under both servers, that every script, style sheet and icon the page, its login page and
 the admin's login page reference answers 200 with its content type, and the job's socket
 replays its events. It stops every process it started, whatever happens, and exits 1 with the
 reason and the processes' logs on failure.
@@ -94,6 +97,7 @@ def check_wheel(wheel: Path) -> None:
         "gateway/static/gateway/jobstream.js",
         "gateway/templates/gateway/index.html",
         "gateway/templates/gateway/login.html",
+        "eventbus/templates/admin/eventbus/deadletter/change_list.html",
     ):
         check(required in names, f"the wheel lacks {required}")
     check(not any("__pycache__" in name for name in names), "the wheel ships __pycache__")
@@ -375,8 +379,9 @@ def check_idempotency(base: str, token: str) -> None:
     )
 
 
-def watch_job(ws_url: str, cookie: str, origin: str, until: float) -> list[dict]:
-    """Every frame of the job's socket until its final event, then a second more for strays."""
+def watch_job(ws_url: str, cookie: str, origin: str, until: float, on_frame=None) -> list[dict]:
+    """Every frame of the job's socket until its final event, then a second more for strays;
+    `on_frame(frame)` is called with each as it arrives (to act on the job meanwhile)."""
     from websockets.exceptions import ConnectionClosed, InvalidHandshake
     from websockets.sync.client import connect
 
@@ -401,6 +406,8 @@ def watch_job(ws_url: str, cookie: str, origin: str, until: float) -> list[dict]
             except ConnectionClosed as closed:
                 raise SmokeFailure(f"the job's socket closed: {closed}; frames so far: {frames}") from None
             frames.append(frame)
+            if on_frame is not None:
+                on_frame(frame)
             if frame.get("type") == "event" and frame.get("data", {}).get("final") and final_at is None:
                 final_at = time.monotonic()
     check(final_at is not None, f"no final event before the deadline; frames: {frames}")
@@ -461,6 +468,151 @@ def check_job(base: str, token: str, cookie: str, until: float) -> str:
     wait_for(completed, until=until, what="the job's state COMPLETED in GET /api/jobs/<id>/")
     say(f"job: {len(frames)} events over the WebSocket, each once, in seq order: {seqs}, final COMPLETED")
     return job["job_id"]
+
+
+# The Checkout job of shop/jobs.py: the seq of each event, as the toolkit numbers them (each of
+# its four stages reports one, or gets one when it finishes; the final one is 51).
+CHECKOUT_SEQS = [10, 20, 30, 40, 51]
+
+
+def final_of(frames: list[dict]) -> dict:
+    """The final event's data, after checking that the socket got each seq once, in order."""
+    others = [f for f in frames if f.get("type") != "event"]
+    check(not others, f"frames other than events: {others}")
+    seqs = [f["seq"] for f in frames]
+    check(seqs == sorted(set(seqs)), f"the socket got seqs {seqs}: a duplicate or out of order")
+    check(frames[-1]["data"].get("final"), f"the last frame is not the final event: {frames[-1]}")
+    return frames[-1]["data"]
+
+
+def start_checkout(
+    base: str, token: str, outside: Path, name: str, files: dict[str, str], **payload
+) -> tuple[dict, Path]:
+    """A Checkout job whose outside world (its directory) holds `files` before it starts."""
+    directory = outside / name
+    directory.mkdir(parents=True)
+    for file_name, text in files.items():
+        (directory / file_name).write_text(text)
+    status, _, job = http(
+        "POST",
+        f"{base}/api/jobs/",
+        token=token,
+        key=f"smoke-{name}-{uuid.uuid4()}",
+        body={"domain": "checkout", "payload": {"dir": str(directory), **payload}},
+    )
+    check(status == 201, f"POST /api/jobs/ for checkout ({name}) got {status}: {job}")
+    return job, directory
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def check_stage_retry(base: str, token: str, cookie: str, outside: Path, until: float) -> None:
+    """A stage whose outside API fails once (503) runs again, with the same key, and the job
+    completes; the watcher sees each event once."""
+    from eventbus.models import StageRecord
+
+    job, directory = start_checkout(base, token, outside, "retried-stage", {"pay-failures": "1"})
+    frames = watch_job(job["ws_url"], cookie, base, until)
+    final = final_of(frames)
+    check(final.get("state") == "COMPLETED", f"the retried stage's job ended {final}")
+    seqs = [f["seq"] for f in frames]
+    check(seqs == CHECKOUT_SEQS, f"the socket got {seqs}, not {CHECKOUT_SEQS}")
+    pay_key = f"{job['job_id']}:pay"
+    calls = lines(directory / "pay-calls")
+    check(calls == [pay_key, pay_key], f"the bank was called with {calls}, not twice with {pay_key}")
+    attempts = StageRecord.objects.get(operation_id=job["job_id"], stage="pay").attempts
+    check(attempts == 2, f"the pay stage's record says {attempts} attempts, not 2")
+    say(f"stage retry: pay failed once (503) and ran again with the same key; COMPLETED, seqs {seqs}")
+
+
+def check_cancel(base: str, token: str, cookie: str, outside: Path, until: float) -> None:
+    """A long stage cancelled through the API stops; the job ends CANCELLED with its final event."""
+    job, directory = start_checkout(base, token, outside, "cancelled", {}, wait=60)
+    job_url = f"{base}/api/jobs/{job['job_id']}"
+    answers: list[tuple[int, dict]] = []
+
+    def cancel_once_waiting(frame: dict) -> None:
+        if frame.get("stage") == "wait" and not answers:
+            status, _, body = http("POST", f"{job_url}/cancel/", token=token)
+            answers.append((status, body))
+
+    final = final_of(watch_job(job["ws_url"], cookie, base, until, on_frame=cancel_once_waiting))
+    check(answers and answers[0][0] == 202, f"POST .../cancel/ answered {answers}")
+    check(final.get("state") == "CANCELLED", f"the cancelled job's final event: {final}")
+    state = http("GET", f"{job_url}/", token=token)[2].get("state")
+    check(state == "CANCELLED", f"GET /api/jobs/<id>/ says {state} after the cancel")
+    runs = [line.split()[0] for line in lines(directory / "runs")]
+    check(runs == ["prepare", "pay", "wait"], f"stages run: {runs} (ship must not start)")
+    again = http("POST", f"{job_url}/cancel/", token=token)
+    check(again[0] == 409, f"cancelling the ended job got {again[0]}, not 409: {again[2]}")
+    say(
+        "cancel: the waiting stage stopped, no later stage started, CANCELLED with its final event; again: 409"
+    )
+
+
+def check_job_retry(base: str, token: str, cookie: str, outside: Path, until: float) -> None:
+    """A job that fails, retried through the API once its cause is gone: the new job completes,
+    its finished stages not run again, every stage under the first job's keys."""
+    from idempotency.models import Operation
+
+    job, directory = start_checkout(base, token, outside, "retried-job", {"broken": ""})
+    final = final_of(watch_job(job["ws_url"], cookie, base, until))
+    check(final.get("state") == "FAILED", f"the job meant to fail ended {final}")
+    early = http("POST", f"{base}/api/jobs/{job['job_id']}/retry/", token=token)
+    check(early[0] == 400, f"a retry without an Idempotency-Key got {early[0]}, not 400: {early[2]}")
+
+    (directory / "broken").unlink()  # the cause removed
+    key = f"smoke-retry-{uuid.uuid4()}"
+    status, _, retry = http("POST", f"{base}/api/jobs/{job['job_id']}/retry/", token=token, key=key)
+    check(status == 201, f"POST /api/jobs/<id>/retry/ got {status}: {retry}")
+    replay = http("POST", f"{base}/api/jobs/{job['job_id']}/retry/", token=token, key=key)
+    check(
+        replay[0] == 201 and replay[2]["job_id"] == retry["job_id"],
+        f"the retry's replay: {replay[0]} {replay[2]}",
+    )
+    new = Operation.objects.get(pk=retry["job_id"])
+    check(str(new.retry_of_id) == job["job_id"], f"the new job's retry_of is {new.retry_of_id}")
+    frames = watch_job(retry["ws_url"], cookie, base, until)
+    final = final_of(frames)
+    check(final.get("state") == "COMPLETED", f"the retried job ended {final}")
+    runs = lines(directory / "runs")
+    first = job["job_id"]
+    expected = [f"{stage} {first}:{stage}" for stage in ("prepare", "pay", "wait", "ship", "ship")]
+    check(
+        runs == expected, f"stages run: {runs}, not {expected} (finished stages once, the first job's keys)"
+    )
+    check(len(lines(directory / "pay-calls")) == 1, "the bank was called again by the retried job")
+    old = http("GET", f"{base}/api/jobs/{first}/", token=token)[2].get("state")
+    check(old == "FAILED", f"the old job is {old} after its retry, not FAILED")
+    say(
+        f"job retry: FAILED, retried once the cause was removed (201, replayed); job {retry['job_id']} "
+        f"ran only ship and COMPLETED ({[f['seq'] for f in frames]}), under the first job's keys"
+    )
+
+
+def check_admin(base: str, job_id: str) -> None:
+    """The admin of jobs and dead letters, as staff see it: a job's timeline, the dead letters'
+    page (a model without a table, whose permissions migrate made) and its Redrive button."""
+    from django.conf import settings
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    admin_user = get_user_model().objects.create_superuser("smoke-admin", password=uuid.uuid4().hex)
+    client = Client()
+    client.force_login(admin_user)
+    cookie = f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}"
+    status, _, page = http("GET", f"{base}/admin/idempotency/operation/{job_id}/change/", cookie=cookie)
+    check(
+        status == 200 and "<th>next attempt</th>" in page, f"a job's admin page got {status}: {page[:2000]}"
+    )
+    status, _, page = http("GET", f"{base}/admin/eventbus/deadletter/", cookie=cookie)
+    check(
+        status == 200 and "checkout: 0 dead letters" in page,
+        f"the dead letters' admin page got {status}: {page[:2000]}",
+    )
+    say("admin: a job's page shows its stages' timeline; the dead letters' page lists every domain")
 
 
 class Assets(HTMLParser):
@@ -578,6 +730,11 @@ def run(root: Path, redis_server: str, timeout: float) -> None:
 
         check_idempotency(base, token)
         job_id = check_job(base, token, cookie, until)
+        outside = root / "outside"  # Checkout's outside world (shop/jobs.py)
+        check_stage_retry(base, token, cookie, outside, until)
+        check_cancel(base, token, cookie, outside, until)
+        check_job_retry(base, token, cookie, outside, until)
+        check_admin(base, job_id)
         check_page(base, cookie)
 
         # Development: runserver (daphne's, with DEBUG on) in place of daphne, same worker and router.
