@@ -176,3 +176,18 @@ def test_the_job_list_filters_by_state_and_type_without_a_query_per_row(
     for column in ("Owner", "State", "Domain", "Accepted at", "Duration"):
         assert column in page
     assert Operation.objects.count() == 6
+
+
+def test_a_jobs_page_shows_the_start_of_a_large_events_data(make_operation, redis_client, django_user_model):
+    operation = make_operation("staged", {"log": "/dev/null"})
+    StageRecord.objects.create(
+        operation=operation,
+        stage="first",
+        attempts=1,
+        events=[["first", 10, {"text": "x" * 5000 + "TAIL-OF-DATA"}]],
+    )
+    page = staff(django_user_model, "viewer", "view_operation").get(f"{JOBS}{operation.pk}/change/")
+    html = page.content.decode()
+    assert page.status_code == 200 and "<td>10</td><td>first</td>" in html
+    assert "x" * 150 in html and "TAIL-OF-DATA" not in html and "…" in html
+    assert "<td>First (first)</td><td>RUNNING</td>" in html  # started, neither finished nor failed

@@ -145,3 +145,16 @@ def test_a_redrive_of_an_unknown_domain_is_refused_with_a_message(letters, redis
     page = redriver.post(REDRIVE, {"domain": "nope"}, follow=True)
     assert page.status_code == 200 and "No domain &#x27;nope&#x27;." in page.content.decode()
     assert len(dead_letters(redis_client, "scan")) == 2
+
+
+def test_without_redis_the_page_and_the_redrive_say_so_instead_of_a_500(
+    redis_client, eventbus_settings_override, django_user_model
+):
+    from config.redis_server import free_port
+
+    redriver = staff(django_user_model, "redriver", "view_deadletter", "redrive_deadletter")
+    with eventbus_settings_override(REDIS_URL=f"redis://127.0.0.1:{free_port()}/0"):
+        page = redriver.get(LIST)
+        assert page.status_code == 200 and "Redis did not answer" in page.content.decode()
+        done = redriver.post(REDRIVE, {"domain": "scan"}, follow=True)
+        assert done.status_code == 200 and "Redis did not answer" in done.content.decode()
