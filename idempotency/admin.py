@@ -83,13 +83,21 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):
         self.message_user(request, f"Evicted {len(pairs)} key(s).", messages.SUCCESS)
 
 
+class JobTypeFilter(admin.AllValuesFieldListFilter):
+    """The domain filter, named for what it is to an operator: the job's type."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.title = "job type"
+
+
 @admin.register(Operation)
 class OperationAdmin(admin.ModelAdmin):
     """Jobs, read-only: the list by state and type; a job's page shows whose it is, its stages as
     a timeline and its events (with the event bus installed), and the jobs of its retry chain."""
 
     list_display = ("op_id", "domain", "state", "owner", "accepted_at", "duration", "idem_key", "retried_job")
-    list_filter = ("state", ("domain", admin.AllValuesFieldListFilter), "event_type", "accepted_at")
+    list_filter = ("state", ("domain", JobTypeFilter), "event_type", "accepted_at")
     list_select_related = ("owner",)  # the owner column: one query for the page, not one a row
     search_fields = ("op_id", "idem_key", "biz_key", "scope", "owner__username")
     date_hierarchy = "accepted_at"
@@ -270,6 +278,11 @@ def _duration(start: datetime | None, end: datetime | None) -> str:
     return f"{hours}:{minutes:02d}:{seconds:02d}" if hours else f"{minutes} min {seconds:02d} s"
 
 
+def _when(moment: datetime | None) -> str:
+    """To the millisecond, in the current time zone: a stage's times are seconds apart."""
+    return timezone.localtime(moment).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] if moment else "-"
+
+
 def _stage_cells(index: int, row) -> tuple:
     record = row.record
     if record is None:
@@ -280,10 +293,10 @@ def _stage_cells(index: int, row) -> tuple:
         f"{row.label} ({row.name})",
         row.state,
         record.attempts,
-        record.started_at or "-",
-        record.finished_at or "-",
-        record.failed_at or "-",
-        record.next_attempt_at or "-",
+        _when(record.started_at),
+        _when(record.finished_at),
+        _when(record.failed_at),
+        _when(record.next_attempt_at),
         _duration(record.started_at, record.finished_at),
         error,
     )

@@ -173,6 +173,7 @@ def test_the_job_list_filters_by_state_and_type_without_a_query_per_row(
     assert listing(domain="flaky")[0] == {str(o.pk) for o in others}
     assert listing(domain="flaky", state="FAILED")[0] == set()
     page = viewer.get(JOBS).content.decode()
+    assert "By job type" in page
     for column in ("Owner", "State", "Domain", "Accepted at", "Duration"):
         assert column in page
     assert Operation.objects.count() == 6
