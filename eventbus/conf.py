@@ -46,6 +46,11 @@ DEFAULTS: dict[str, object] = {
     # None: 1 for a redis+sentinel:// URL, else 0 (no WAIT). Not with EVENTBUS["CLUSTER"].
     "WAIT_REPLICAS": None,
     "WAIT_TIMEOUT_MS": 500,  # below the Sentinel clients' 1 s socket timeout
+    # Jobs one user may have PENDING or RUNNING at once (eventbus.limits.check_running_cap): the
+    # jobs API answers one more with a 429 problem and Retry-After. None: no cap.
+    "MAX_RUNNING_JOBS_PER_USER": 20,
+    # The Retry-After (seconds) of that 429: about how long a job of yours takes to end.
+    "MAX_RUNNING_JOBS_RETRY_AFTER": 30,
     # The demo jobs' simulated work per stage, seconds (config.jobs).
     "STAGE_SECONDS": 0.2,
 }
