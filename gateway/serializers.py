@@ -77,8 +77,9 @@ class JobFilterSerializer(serializers.Serializer):
     # A state or a domain outside the known ones is a 400, as any bad input (a NUL character
     # among them: it never reaches the database).
 
-    state = serializers.ChoiceField(choices=Operation.State.choices, required=False)
-    domain = serializers.ChoiceField(choices=(), required=False)
+    # Empty (`?state=`, as an HTML form sends an unset select): no filter.
+    state = serializers.ChoiceField(choices=Operation.State.choices, required=False, allow_blank=True)
+    domain = serializers.ChoiceField(choices=(), required=False, allow_blank=True)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

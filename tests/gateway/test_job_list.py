@@ -86,6 +86,7 @@ def test_filters_by_state_and_domain(api_client, user, other_user):
     assert ids(api_client.get("/api/jobs/?state=FAILED")) == [str(failed_scan.op_id), str(failed_chat.op_id)]
     assert ids(api_client.get("/api/jobs/?domain=chat")) == [str(failed_chat.op_id), str(running_chat.op_id)]
     assert ids(api_client.get("/api/jobs/?domain=chat&state=RUNNING")) == [str(running_chat.op_id)]
+    assert len(ids(api_client.get("/api/jobs/?state=&domain="))) == 3  # empty: no filter
     assert api_client.get("/api/jobs/?state=TIMED_OUT").json() == {
         "count": 0,
         "next": None,
