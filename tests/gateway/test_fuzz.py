@@ -1,7 +1,7 @@
 """The jobs API fuzzed from its own schema (SPEC §14): schemathesis reads /api/schema/ from a
 live server of the demo, authenticates with a user's token, and sends every operation valid and
 invalid input (bodies, filters, pages, headers, path parameters). No answer may be a 500, and each
-must be one the schema describes (CHECKS).
+must be one the schema describes (every check of schemathesis but one, EXCLUDED_CHECKS).
 
 schemathesis runs as its command line (`schemathesis run`, its stable interface) against
 pytest-django's live server: its pytest plugin's fixture-loaded schemas do not run under pytest 9.
@@ -20,18 +20,10 @@ from idempotency.models import Operation
 pytestmark = [pytest.mark.fuzz, pytest.mark.django_db(transaction=True)]
 
 MAX_EXAMPLES = 30
-CHECKS = ",".join(
-    [
-        "not_a_server_error",
-        "status_code_conformance",
-        "content_type_conformance",
-        "response_headers_conformance",
-        "response_schema_conformance",
-        "negative_data_rejection",
-        "missing_required_header",
-        "ignored_auth",
-    ]
-)
+# Every check but positive_data_acceptance: a schema-valid POST may rightly get a 422 (its
+# Idempotency-Key used before with another body: the fuzzer's keys repeat), which it counts
+# as a valid request refused.
+EXCLUDED_CHECKS = "positive_data_acceptance"
 
 
 @pytest.fixture
@@ -60,11 +52,13 @@ def test_no_input_gets_a_500_or_an_undescribed_answer(live_api, token, tmp_path)
         "--header",
         f"Authorization: Token {token}",
         "--checks",
-        CHECKS,
+        "all",
+        "--exclude-checks",
+        EXCLUDED_CHECKS,
         "--max-examples",
         str(MAX_EXAMPLES),
         "--phases",
-        "examples,coverage,fuzzing",
+        "examples,coverage,fuzzing,stateful",
         "--workers",
         "1",
         "--seed",
