@@ -92,5 +92,8 @@ def django_redis_cache(url: str, *, key_prefix: str = "") -> dict:
             "CLIENT_CLASS": "django_redis.client.SentinelClient",
             "CONNECTION_FACTORY": "django_redis.pool.SentinelConnectionFactory",
             "SENTINELS": list(parsed.sentinels),
+            # JSON, not django-redis's default pickle: a forged entry would be unpickled (code run)
+            # by whatever reads it, DRF's throttles among them (SPEC §15).
+            "SERIALIZER": "django_redis.serializers.json.JSONSerializer",
         },
     }

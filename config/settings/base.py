@@ -95,18 +95,18 @@ def redis_cache(location: str, key_prefix: str) -> dict:
     """A django-redis cache (the test suite and the benchmarks build theirs the same way), on a
     Sentinel-managed master for a redis+sentinel:// URL (eventbus.sentinel)."""
     if parse_sentinel_url(location):
-        cache = django_redis_cache(location, key_prefix=key_prefix)
-    else:
-        cache = {
-            "BACKEND": "django_redis.cache.RedisCache",
-            "LOCATION": location,
-            "KEY_PREFIX": key_prefix,
-            "OPTIONS": {"CLIENT_CLASS": "django_redis.client.DefaultClient"},
-        }
-    # JSON, not django-redis's default pickle: a forged entry (whoever can write to this Redis)
-    # would be unpickled, running code, by whatever reads it: DRF's throttles among them.
-    cache["OPTIONS"]["SERIALIZER"] = "django_redis.serializers.json.JSONSerializer"
-    return cache
+        return django_redis_cache(location, key_prefix=key_prefix)
+    return {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": location,
+        "KEY_PREFIX": key_prefix,
+        "OPTIONS": {
+            "CLIENT_CLASS": "django_redis.client.DefaultClient",
+            # JSON, not django-redis's default pickle: a forged entry (whoever can write to this
+            # Redis) would be unpickled, running code, by whatever reads it: DRF's throttles too.
+            "SERIALIZER": "django_redis.serializers.json.JSONSerializer",
+        },
+    }
 
 
 CACHES = {"default": redis_cache(CACHE_URL, "cache")}
