@@ -7,6 +7,7 @@ from rest_framework.exceptions import NotFound
 from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
+from rest_framework.throttling import ScopedRateThrottle
 from rest_framework.views import APIView
 
 from eventbus.exceptions import JobLimitReached
@@ -61,8 +62,13 @@ class JobsView(APIView):
     throttle_scope = SCOPE
 
     def get_throttles(self):
-        # The project's own throttles, and the jobs API's.
-        return [*super().get_throttles(), JobsThrottle()]
+        # The project's own throttles, and the jobs API's in place of a ScopedRateThrottle of
+        # the project's: that one would count this scope again under the same cache key (or
+        # fail every request of a project without a "jobs" rate).
+        own = [
+            throttle for throttle in super().get_throttles() if not isinstance(throttle, ScopedRateThrottle)
+        ]
+        return [*own, JobsThrottle()]
 
 
 @documented

@@ -125,3 +125,23 @@ def test_the_throttle_counts_in_the_cache_as_json_never_pickle(api_client, setti
     [key] = redis_client.keys("*throttle_jobs_*")
     history = json.loads(redis_client.get(key))
     assert len(history) == 2 and all(isinstance(at, float) for at in history)
+
+
+@pytest.mark.parametrize("rates", [{"jobs": "3/min"}, {"other": "3/min"}], ids=["jobs-rate", "no-jobs-rate"])
+def test_a_projects_own_scoped_throttle_neither_counts_twice_nor_fails(
+    api_client, settings, monkeypatch, rates
+):
+    """A project whose DEFAULT_THROTTLE_CLASSES hold DRF's ScopedRateThrottle (the views' class
+    attribute, read by DRF at import): it would see the jobs views' scope too, counting each
+    request twice under the same cache key, or failing every request (ImproperlyConfigured)
+    without a "jobs" rate. The jobs throttle takes its place on these views."""
+    from rest_framework.throttling import ScopedRateThrottle
+
+    from gateway.api import JobListView
+
+    monkeypatch.setattr(JobListView, "throttle_classes", [ScopedRateThrottle])
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": rates}
+    for _ in range(3):
+        assert api_client.get("/api/jobs/").status_code == 200
+    if "jobs" in rates:
+        assert_429(api_client.get("/api/jobs/"))
