@@ -6,7 +6,9 @@ project's schema view (`drf_spectacular.views.SpectacularAPIView`, with REST_FRA
 DEFAULT_SCHEMA_CLASS "drf_spectacular.openapi.AutoSchema") describes the jobs API with its own
 views. Without it, `@documented` leaves a view as it is and nothing here is imported.
 
-A view's schema is SCHEMAS' entry of its class name, built only when it is documented.
+A view's description is its entry in schemas(), by class name and method, built only when it is
+documented; `problems()`, `idempotency_key()`, `retry_after()` and `replayed()` are the parts
+every keyed endpoint shares.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ PROBLEMS = {
     401: "Not authenticated (a session or `Authorization: Token <key>`).",
     403: "Refused: a session-authenticated request without its CSRF token.",
     404: "No such job (or another user's), or a page past the end.",
-    409: "A request with this Idempotency-Key is still running: retry after Retry-After seconds.",
+    409: "A request with this Idempotency-Key is still running (retry after Retry-After seconds); "
+    "to cancel or retry: the job is not in a state that allows it.",
     422: "This Idempotency-Key was used for another request (another body or path).",
     429: "Throttled (REST_FRAMEWORK['DEFAULT_THROTTLE_RATES']['jobs']), or too many jobs running "
     "(EVENTBUS['MAX_RUNNING_JOBS_PER_USER']): retry after Retry-After seconds.",
@@ -45,7 +48,10 @@ def documented(view):
         return view
     from drf_spectacular.utils import extend_schema_view
 
-    return extend_schema_view(**schemas()[view.__name__])(view)
+    described = schemas()
+    if view.__name__ not in described:
+        raise LookupError(f"gateway.openapi.schemas() has no entry for {view.__name__}: give it one.")
+    return extend_schema_view(**described[view.__name__])(view)
 
 
 def problems(*statuses: int) -> dict:
@@ -130,6 +136,36 @@ def schemas() -> dict[str, dict]:
                         JobAcceptedSerializer, description="Accepted (or, on a replay, accepted before)."
                     ),
                     **problems(400, 401, 403, 409, 422, 429, 503),
+                },
+            ),
+        },
+        # POST /api/jobs/<id>/cancel/ and /retry/ (their views: `@documented class JobCancelView`,
+        # `JobRetryView`): no body, the job's own answer.
+        "JobCancelView": {
+            "post": extend_schema(
+                summary="Cancel a job",
+                description="A job not started never starts; a running one stops after its stage "
+                "(which sees ctx.cancelled). It ends CANCELLED, with its final event.",
+                request=None,
+                parameters=[idempotency_key(required=False), retry_after(409, 429, 503), replayed(202)],
+                responses={
+                    (202, JSON): OpenApiResponse(
+                        JobAcceptedSerializer, description="Cancelled or cancelling."
+                    ),
+                    **problems(400, 401, 403, 404, 409, 422, 429, 503),
+                },
+            ),
+        },
+        "JobRetryView": {
+            "post": extend_schema(
+                summary="Retry a FAILED, TIMED_OUT or CANCELLED job, once per Idempotency-Key",
+                description="A new job (its retry_of: this one) that reuses this job's finished stages "
+                "and runs from the first unfinished one, with the same ctx.key per stage.",
+                request=None,
+                parameters=[idempotency_key(required=True), retry_after(409, 429, 503), replayed(201)],
+                responses={
+                    (201, JSON): OpenApiResponse(JobAcceptedSerializer, description="The new job."),
+                    **problems(400, 401, 403, 404, 409, 422, 429, 503),
                 },
             ),
         },

@@ -111,3 +111,41 @@ def test_the_toolkit_works_without_drf_spectacular():
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def test_the_cancel_and_retry_endpoints_have_their_descriptions_ready():
+    """The views of POST /api/jobs/<id>/cancel/ and /retry/ (the jobs engine's) get theirs from
+    gateway.openapi by class name: a valid schema, the key optional on cancel, required on retry."""
+    from django.urls import path
+    from drf_spectacular.generators import SchemaGenerator
+    from drf_spectacular.validation import validate_schema
+    from rest_framework.views import APIView
+
+    from gateway.openapi import documented
+
+    @documented
+    class JobCancelView(APIView):
+        def post(self, request, job_id): ...
+
+    @documented
+    class JobRetryView(APIView):
+        def post(self, request, job_id): ...
+
+    patterns = [
+        path("api/jobs/<uuid:job_id>/cancel/", JobCancelView.as_view()),
+        path("api/jobs/<uuid:job_id>/retry/", JobRetryView.as_view()),
+    ]
+    schema = SchemaGenerator(patterns=patterns).get_schema(request=None, public=True)
+    validate_schema(schema)
+    cancel = schema["paths"]["/api/jobs/{job_id}/cancel/"]["post"]
+    retry = schema["paths"]["/api/jobs/{job_id}/retry/"]["post"]
+    assert parameters(cancel)[("header", "Idempotency-Key")].get("required", False) is False
+    assert parameters(retry)[("header", "Idempotency-Key")]["required"] is True
+    assert "202" in cancel["responses"] and "201" in retry["responses"]
+    assert list(cancel["responses"]["409"]["content"]) == [PROBLEM] and "requestBody" not in retry
+
+    with pytest.raises(LookupError, match="no entry for Undescribed"):
+
+        @documented
+        class Undescribed(APIView):
+            pass
