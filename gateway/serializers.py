@@ -75,9 +75,8 @@ class JobRequestSerializer(serializers.Serializer):
 
 class JobFilterSerializer(serializers.Serializer):
     # A state or a domain outside the known ones is a 400, as any bad input (a NUL character
-    # among them: it never reaches the database).
-
-    # Empty (`?state=`, as an HTML form sends an unset select): no filter.
+    # among them: it never reaches the database). Empty (`?state=`, as an HTML form sends an
+    # unset select): no filter.
     state = serializers.ChoiceField(choices=Operation.State.choices, required=False, allow_blank=True)
     domain = serializers.ChoiceField(choices=(), required=False, allow_blank=True)
 
