@@ -221,3 +221,17 @@ def test_a_job_whose_type_is_gone_shows_the_stages_it_ran(api_client, user):
 def test_another_users_job_is_404_on_the_detail(user, other_user):
     job = make_job(user, "mine", domain="staged")
     assert_problem(client_of(other_user).get(f"/api/jobs/{job.op_id}/"), 404)
+
+
+def test_a_page_costs_the_same_queries_whatever_its_length(api_client, user):
+    def queries_for(query) -> int:
+        with CaptureQueriesContext(connection) as queries:
+            assert api_client.get(f"/api/jobs/{query}").status_code == 200
+        return len(queries.captured_queries)
+
+    make_job(user, "first")
+    queries_for("")  # the user's permissions are read once, then cached on it
+    one = queries_for("")
+    for i in range(30):
+        make_job(user, f"more-{i}")
+    assert queries_for("?page_size=100") == one == queries_for("?page=2")
