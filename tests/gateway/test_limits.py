@@ -145,3 +145,18 @@ def test_a_projects_own_scoped_throttle_neither_counts_twice_nor_fails(
         assert api_client.get("/api/jobs/").status_code == 200
     if "jobs" in rates:
         assert_429(api_client.get("/api/jobs/"))
+
+
+def test_the_throttle_lets_requests_through_while_the_cache_is_down(api_client, settings, free_tcp_port):
+    """The throttle counts in the cache: with the cache's Redis down (nothing listens on its
+    port) the jobs API still answers, unthrottled, as the idempotency layer falls back to the
+    database; not a 500 (found by the chaos run, which kills Redis)."""
+    from config.settings.base import redis_cache
+
+    settings.CACHES = {"default": redis_cache(f"redis://127.0.0.1:{free_tcp_port}/0", "down")}
+    throttle_rate(settings, "1/min")
+    assert api_client.get("/api/jobs/").status_code == 200
+    assert api_client.get("/api/jobs/").status_code == 200
+    created = create(api_client, "while-down")
+    assert created.status_code == 201, created.content
+    assert api_client.get(f"/api/jobs/{created.json()['job_id']}/").status_code == 200
