@@ -62,7 +62,11 @@ MIDDLEWARE = [
     MIDDLEWARE[-1],
 ]
 
-CACHES = {**CACHES, "idempotency_key": redis_cache(REDIS_URL, "dik")}
+# django-idempotency-key stores pickle.dumps() bytes, which the JSON serializer of our caches
+# (redis_cache) refuses: its cache keeps django-redis's own serializer. The peer's, not ours.
+_peer_cache = redis_cache(REDIS_URL, "dik")
+_peer_cache["OPTIONS"].pop("SERIALIZER")
+CACHES = {**CACHES, "idempotency_key": _peer_cache}
 
 IDEMPOTENCY_KEY = {
     "CONFLICT_STATUS_CODE": None,

@@ -1,6 +1,7 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView
 
 from idempotency.problems import (
     problem_handler400,
@@ -17,6 +18,8 @@ urlpatterns = [
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("metrics", views.metrics, name="metrics"),
     path("idempotency/", include("idempotency.urls")),
+    # The jobs API's OpenAPI 3 schema (gateway.openapi); YAML, or JSON with ?format=json.
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("", include("gateway.urls")),
 ]
 

@@ -49,6 +49,11 @@ DEFAULTS: dict[str, object] = {
     # Seconds an ended job (COMPLETED, FAILED, TIMED_OUT...) is kept after it ended, with its stage
     # records; `cleanup_jobs` deletes older ones (eventbus.retention). None: kept for ever.
     "KEEP_ENDED_JOBS": 30 * 24 * 3600,
+    # Jobs one user may have PENDING or RUNNING at once (eventbus.limits.check_running_cap): the
+    # jobs API answers one more with a 429 problem and Retry-After. None: no cap.
+    "MAX_RUNNING_JOBS_PER_USER": 20,
+    # The Retry-After (seconds) of that 429: about how long a job of yours takes to end.
+    "MAX_RUNNING_JOBS_RETRY_AFTER": 30,
     # The demo jobs' simulated work per stage, seconds (config.jobs).
     "STAGE_SECONDS": 0.2,
 }

@@ -7,6 +7,7 @@ from __future__ import annotations
 class JobServiceError(Exception):
     status = 400
     title = "The job cannot do this"
+    problem_type = "about:blank"  # the problem+json `type` of the answer
 
 
 class JobEnded(JobServiceError):
@@ -14,6 +15,7 @@ class JobEnded(JobServiceError):
 
     status = 409
     title = "The job has ended"
+    problem_type = "urn:problem:job-ended"
 
     def __init__(self, job):
         super().__init__(f"Job {job.op_id} is {job.state}: it has ended, there is nothing to cancel.")
@@ -25,6 +27,7 @@ class JobNotRetryable(JobServiceError):
 
     status = 409
     title = "The job cannot be retried"
+    problem_type = "urn:problem:job-not-retryable"
 
     def __init__(self, job):
         super().__init__(
@@ -38,6 +41,7 @@ class JobLimitReached(JobServiceError):
 
     status = 429
     title = "Too many running jobs"
+    problem_type = "urn:problem:job-limit-reached"
 
     def __init__(self, retry_after: int, message: str = ""):
         super().__init__(message or f"Too many running jobs; retry after {retry_after} s.")

@@ -5,11 +5,15 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from redis.exceptions import RedisError
 
 from .keys import JobKeys, UnknownDomain
 from .redis import get_redis
+
+if TYPE_CHECKING:
+    from .models import StageRecord
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +100,7 @@ class StageRow:
     name: str
     label: str
     state: str  # StageRecord.state, or PENDING for a declared stage without a record
-    record: object | None  # its StageRecord
+    record: StageRecord | None
 
 
 def job_stages(operation, records=None) -> list[StageRow]:

@@ -1,11 +1,14 @@
-"""The jobs API: POST /api/jobs/ (Idempotency-Key required), GET /api/jobs/<job_id>/,
-POST /api/jobs/<job_id>/cancel/ and /retry/: thin calls of the job services (eventbus.services)."""
+"""The jobs API: POST /api/jobs/ (Idempotency-Key required), GET /api/jobs/ (the user's jobs,
+filtered, paginated), GET /api/jobs/<job_id>/ (one job with its stages), POST
+/api/jobs/<job_id>/cancel/ and /retry/: thin calls of the job services (eventbus.services).
+Throttled (scope "jobs", gateway.throttling) and described by an OpenAPI schema (gateway.openapi)."""
 
 from rest_framework import serializers, status
 from rest_framework.exceptions import NotFound, PermissionDenied
 from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
+from rest_framework.throttling import ScopedRateThrottle
 from rest_framework.views import APIView
 
 from eventbus.exceptions import JobServiceError
@@ -18,18 +21,27 @@ from idempotency.exceptions import IdempotencyKeyMismatch
 from idempotency.models import Operation
 from idempotency.problems import problem, problem_from_error
 
+from .openapi import documented
+from .pagination import JobPagination
 from .parsers import JSONParser
-from .selectors import visible_operations
-from .serializers import JobRequestSerializer
+from .selectors import job_list, stage_records, visible_operations
+from .serializers import (
+    JobDetailSerializer,
+    JobFilterSerializer,
+    JobRequestSerializer,
+    JobSerializer,
+    job_stages,
+    ws_url,
+)
+from .throttling import SCOPE, JobsThrottle
 
 
 def job_body(operation, request):
-    scheme = "wss" if request.is_secure() else "ws"
     return {
         "job_id": str(operation.op_id),
         "domain": operation.domain,
         "state": operation.state,
-        "ws_url": f"{scheme}://{request.get_host()}/ws/jobs/{operation.op_id}/",
+        "ws_url": ws_url(operation, request),
     }
 
 
@@ -37,10 +49,33 @@ def job_body(operation, request):
 JOB_PARSERS = [JSONParser, FormParser, MultiPartParser]
 
 
-class JobListView(APIView):
+class JobsView(APIView):
     # Whatever the project's REST_FRAMEWORK defaults: jobs belong to a user.
     permission_classes = [IsAuthenticated]
     parser_classes = JOB_PARSERS
+    throttle_scope = SCOPE
+
+    def get_throttles(self):
+        # The project's own throttles, and the jobs API's in place of a ScopedRateThrottle of
+        # the project's: that one would count this scope again under the same cache key (or
+        # fail every request of a project without a "jobs" rate).
+        own = [
+            throttle for throttle in super().get_throttles() if not isinstance(throttle, ScopedRateThrottle)
+        ]
+        return [*own, JobsThrottle()]
+
+
+@documented
+class JobListView(JobsView):
+    pagination_class = JobPagination
+
+    def get(self, request):
+        filters = JobFilterSerializer(data=request.query_params)
+        filters.is_valid(raise_exception=True)
+        paginator = self.pagination_class()
+        page = paginator.paginate_queryset(job_list(request.user, **filters.validated_data), request, self)
+        items = JobSerializer(page, many=True, context={"request": request}).data
+        return paginator.get_paginated_response(items)
 
     @idempotency_key("required", atomic=True)
     def post(self, request):
@@ -64,26 +99,18 @@ class JobListView(APIView):
         return Response(job_body(operation, request), status=status.HTTP_201_CREATED)
 
 
-class JobDetailView(APIView):
-    permission_classes = [IsAuthenticated]
-    parser_classes = JOB_PARSERS
-
+@documented
+class JobDetailView(JobsView):
     def get(self, request, job_id):
         operation = visible_operations(request.user).filter(op_id=job_id).first()
         if operation is None:
             raise NotFound("No such job.")
-        body = job_body(operation, request)
         latest = latest_event(operation.domain, str(operation.op_id))
-        body.update(
-            {
-                "accepted_at": operation.accepted_at,
-                "completed_at": operation.completed_at,
-                "payload": operation.payload,
-                "latest_event": latest,
-                "error": job_error(operation, latest),
-            }
-        )
-        return Response(body)
+        # What the job's row does not hold, set on it for the serializer.
+        operation.latest_event = latest
+        operation.error = job_error(operation, latest)
+        operation.stages = job_stages(operation, stage_records(operation))
+        return Response(JobDetailSerializer(operation, context={"request": request}).data)
 
 
 def job_error(operation, latest: dict | None) -> dict | None:
@@ -95,13 +122,19 @@ def job_error(operation, latest: dict | None) -> dict | None:
     if failure is None and latest is not None:
         data = latest.get("data")
         if isinstance(data, dict) and data.get("final") is True and isinstance(data.get("error"), dict):
-            failure = data["error"]
+            told = data["error"]  # read back from Redis: its shape is checked, not trusted
+            stage = told.get("stage")
+            failure = {
+                "stage": stage if isinstance(stage, str) else None,
+                "type": str(told.get("type", "")),
+                "message": str(told.get("message", "")),
+            }
     return failure
 
 
 def service_problem(error: JobServiceError):
     """A job service's refusal (an ended job, a job not retryable, the running cap) as its problem."""
-    response = problem(error.status, str(error), title=error.title)
+    response = problem(error.status, str(error), title=error.title, type=error.problem_type)
     retry_after = getattr(error, "retry_after", None)
     if retry_after is not None:
         response["Retry-After"] = str(retry_after)
@@ -123,11 +156,9 @@ def job_to_act_on(request, job_id) -> Operation:
     return operation
 
 
-class JobCancelView(APIView):
+@documented
+class JobCancelView(JobsView):
     """POST: cancel the job (202 with its body); an ended job, 409 problem."""
-
-    permission_classes = [IsAuthenticated]
-    parser_classes = JOB_PARSERS
 
     @idempotency_key("optional")
     def post(self, request, job_id):
@@ -139,12 +170,10 @@ class JobCancelView(APIView):
         return Response(job_body(operation, request), status=status.HTTP_202_ACCEPTED)
 
 
-class JobRetryView(APIView):
+@documented
+class JobRetryView(JobsView):
     """POST (Idempotency-Key required): a new job retrying this one (201 with its body, the same
     job on a replay); a job not FAILED, TIMED_OUT or CANCELLED, 409 problem."""
-
-    permission_classes = [IsAuthenticated]
-    parser_classes = JOB_PARSERS
 
     @idempotency_key("required", atomic=True)
     def post(self, request, job_id):

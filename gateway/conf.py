@@ -20,6 +20,10 @@ DEFAULTS = {
     # ended since it was authorized (a logout, a password change, the user deactivated) is closed
     # with 4401 within this. One bulk check per process (gateway.sessions). 0 or None: no checks.
     "SESSION_CHECK_SECONDS": 60,
+    # Jobs per page of GET /api/jobs/ (gateway.pagination): a client asks for 1 to 100 with
+    # `page_size`. (The jobs API's throttle rate is DRF's setting, REST_FRAMEWORK
+    # ["DEFAULT_THROTTLE_RATES"]["jobs"], "120/min" when unset: gateway.throttling.)
+    "JOBS_PAGE_SIZE": 20,
 }
 
 gateway_settings = AppSettings("GATEWAY", DEFAULTS)

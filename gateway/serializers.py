@@ -1,13 +1,21 @@
-"""The jobs API's request: a registered job type and the payload its type accepts.
+"""The jobs API's bodies: the request (a registered job type and the payload its type accepts),
+the list's filters, and the jobs as the API shows them (the list's items, the detail with its
+stages); the problem body too, for the schema (gateway.openapi).
 
 A payload is refused (400) when it nests deeper than GATEWAY["PAYLOAD_MAX_DEPTH"] or holds a
 NUL character in a key or a string: PostgreSQL's jsonb cannot store one (a 500 there, a 201 on
 SQLite), so no database gets one.
 """
 
+from __future__ import annotations
+
+import uuid
+
 from rest_framework import serializers
 
-from eventbus.jobtypes import UnknownJobType, job_type, registry
+from eventbus.jobtypes import registry
+from eventbus.selectors import job_stages as selected_job_stages
+from idempotency.models import Operation
 
 from .conf import gateway_settings
 
@@ -38,17 +46,16 @@ def payload_problem(payload, max_depth: int) -> str | None:
 
 
 class JobRequestSerializer(serializers.Serializer):
-    domain = serializers.CharField(max_length=32)
+    """A job to start: its type and the payload its type reads (a JSON object)."""
+
+    domain = serializers.ChoiceField(choices=(), help_text="The job's type.")
     payload = serializers.DictField(required=False, default=dict)
 
-    def validate_domain(self, value):
-        try:
-            job_type(value)
-        except UnknownJobType:
-            raise serializers.ValidationError(
-                f"Not a job type: choose one of {sorted(registry())}."
-            ) from None
-        return value
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        known = sorted(registry())  # when asked, not at import: a project's types register later
+        self.fields["domain"].choices = known
+        self.fields["domain"].error_messages["invalid_choice"] = f"Not a job type: choose one of {known}."
 
     def validate_payload(self, value):
         problem = payload_problem(value, gateway_settings.PAYLOAD_MAX_DEPTH)
@@ -57,3 +64,129 @@ class JobRequestSerializer(serializers.Serializer):
         return value
 
     # The type's clean_payload runs in eventbus.start_job, which the view calls.
+
+
+# -- the list's filters -------------------------------------------------------------------------
+
+
+class JobFilterSerializer(serializers.Serializer):
+    # A state or a domain outside the known ones is a 400, as any bad input (a NUL character
+    # among them: it never reaches the database). Empty (`?state=`, as an HTML form sends an
+    # unset select): no filter.
+    state = serializers.ChoiceField(choices=Operation.State.choices, required=False, allow_blank=True)
+    domain = serializers.ChoiceField(choices=(), required=False, allow_blank=True)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["domain"].choices = sorted(registry())
+
+
+# -- jobs as the API shows them -----------------------------------------------------------------
+
+PENDING, RUNNING, COMPLETED, FAILED = "PENDING", "RUNNING", "COMPLETED", "FAILED"
+# A stage's states: PENDING (no record: not started), RUNNING, RETRYING (a retry is waiting),
+# COMPLETED, FAILED.
+STAGE_STATES = (PENDING, RUNNING, "RETRYING", COMPLETED, FAILED)
+
+
+def ws_url(operation, request) -> str:
+    scheme = "wss" if request.is_secure() else "ws"
+    return f"{scheme}://{request.get_host()}/ws/jobs/{operation.op_id}/"
+
+
+def stage_error(record) -> dict | None:
+    if record is None or not record.error_type:
+        return None
+    return {"type": record.error_type, "message": record.error_message or ""}
+
+
+def job_stages(operation, records) -> list[dict]:
+    """Every stage of the job (eventbus.selectors.job_stages: its type's declared stages in order,
+    then recorded ones its type no longer declares) as the API shows it."""
+    stages = []
+    for row in selected_job_stages(operation, records):
+        record = row.record
+        stages.append(
+            {
+                "name": row.name,
+                "label": row.label,
+                "state": row.state,
+                "attempts": record.attempts if record else 0,
+                "started_at": record.started_at if record else None,
+                "finished_at": record.finished_at if record else None,
+                "error": stage_error(record),
+            }
+        )
+    return stages
+
+
+class StageErrorSerializer(serializers.Serializer):
+    type = serializers.CharField(help_text="The exception's type, e.g. ValueError.")
+    message = serializers.CharField(allow_blank=True, help_text="What it said (at most 1,000 characters).")
+
+
+class JobErrorSerializer(StageErrorSerializer):
+    stage = serializers.CharField(allow_null=True, help_text="null: the job failed outside its stages.")
+
+
+class StageSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    # DRF takes declared fields off the class: no clash with Field.label or Serializer.errors.
+    label = serializers.CharField()  # type: ignore[assignment]
+    state = serializers.ChoiceField(choices=STAGE_STATES)
+    attempts = serializers.IntegerField(min_value=0, help_text="Runs that started the stage.")
+    started_at = serializers.DateTimeField(allow_null=True)
+    finished_at = serializers.DateTimeField(allow_null=True)
+    error = StageErrorSerializer(
+        allow_null=True, help_text="The last failure of an attempt, until an attempt finishes the stage."
+    )
+
+
+class JobAcceptedSerializer(serializers.Serializer):
+    """A job as it is accepted: what a client needs to watch it."""
+
+    job_id = serializers.UUIDField(source="op_id")
+    domain = serializers.CharField()
+    state = serializers.ChoiceField(choices=Operation.State.choices)
+    ws_url = serializers.SerializerMethodField(help_text="Its events, live: ws(s)://host/ws/jobs/<job_id>/")
+
+    def get_ws_url(self, operation) -> str:
+        return ws_url(operation, self.context["request"])
+
+
+class JobSerializer(JobAcceptedSerializer):
+    """A job as the list shows it: no payload, no stages."""
+
+    accepted_at = serializers.DateTimeField()
+    completed_at = serializers.DateTimeField(allow_null=True)
+    retry_of = serializers.SerializerMethodField(help_text="The job this one retries, if it is a retry.")
+
+    def get_retry_of(self, operation) -> uuid.UUID | None:
+        # Read as an attribute: the field comes with the jobs' retries (a migration of its own).
+        return getattr(operation, "retry_of_id", None)
+
+
+class JobDetailSerializer(JobSerializer):
+    """A job with its payload, latest event, error and stages."""
+
+    # What is not the job's own row is set on it by the view first: `latest_event`, `error` and
+    # `stages` (job_stages()).
+
+    payload = serializers.DictField()
+    latest_event = serializers.DictField(
+        allow_null=True, help_text="The newest event published (while Redis keeps it: EVENTBUS['STATE_TTL'])."
+    )
+    error = JobErrorSerializer(allow_null=True, help_text="Why a FAILED job failed; null otherwise.")
+    stages = StageSerializer(many=True, help_text="Every stage of the job's type, in order.")
+
+
+class ProblemSerializer(serializers.Serializer):
+    """An error body, application/problem+json (RFC 9457)."""
+
+    type = serializers.CharField(help_text="A URI naming the problem; about:blank for plain HTTP statuses.")
+    title = serializers.CharField()
+    status = serializers.IntegerField()
+    detail = serializers.CharField(allow_blank=True)
+    errors = serializers.JSONField(  # type: ignore[assignment]
+        required=False, help_text="Per field, what is wrong (a 400 on bad input)."
+    )

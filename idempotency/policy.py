@@ -40,9 +40,15 @@ def policy_for(view_func, method: str) -> ViewPolicy | None:
     """The policy that covers this request, or None when it is not covered."""
     policy = _marked(view_func)
     cls = getattr(view_func, "cls", None) or getattr(view_func, "view_class", None)
-    if policy is None and cls is not None:
-        handler_name = (getattr(view_func, "actions", None) or {}).get(method.lower(), method.lower())
-        policy = _marked(getattr(cls, handler_name, None)) or _marked(cls)
+    if cls is not None:
+        actions = getattr(view_func, "actions", None)
+        handler_name = actions.get(method.lower()) if actions is not None else method.lower()
+        handler = getattr(cls, handler_name, None) if handler_name else None
+        if handler is None:
+            # A method the view has no handler for: it answers 405 itself, and the key neither
+            # replays another method's answer nor keeps that 405.
+            return None
+        policy = policy or _marked(handler) or _marked(cls)
     if policy is None:
         if idempotency_settings.DEFAULT_POLICY_VIEWS != "all" and not is_api_view(cls):
             return None  # an unmarked admin or HTML view: not covered by default (SPEC §15)

@@ -42,6 +42,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "rest_framework.authtoken",
+    "drf_spectacular",  # the jobs API's OpenAPI schema at /api/schema/ (config/urls.py)
     "channels",
     "idempotency",
     "eventbus",
@@ -108,7 +109,12 @@ def redis_cache(location: str, key_prefix: str) -> dict:
         "BACKEND": "django_redis.cache.RedisCache",
         "LOCATION": location,
         "KEY_PREFIX": key_prefix,
-        "OPTIONS": {"CLIENT_CLASS": "django_redis.client.DefaultClient"},
+        "OPTIONS": {
+            "CLIENT_CLASS": "django_redis.client.DefaultClient",
+            # JSON, not django-redis's default pickle: a forged entry (whoever can write to this
+            # Redis) would be unpickled, running code, by whatever reads it: DRF's throttles too.
+            "SERIALIZER": "django_redis.serializers.json.JSONSerializer",
+        },
     }
 
 
@@ -142,6 +148,21 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "EXCEPTION_HANDLER": "idempotency.problems.drf_exception_handler",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+    # The jobs API's throttle (gateway.throttling), per user; None: not throttled.
+    "DEFAULT_THROTTLE_RATES": {"jobs": "120/min"},
+    # drf-spectacular describes the views (gateway.openapi): /api/schema/.
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Exactly-once jobs API",
+    "DESCRIPTION": "Start jobs once per Idempotency-Key, list them, see their stages (README: The jobs API).",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,  # the schema's own endpoint is not part of the API it describes
+    # One name per set of choices: a job's states and a stage's.
+    "ENUM_NAME_OVERRIDES": {
+        "JobStateEnum": "idempotency.models.Operation.State",
+        "StageStateEnum": "gateway.serializers.STAGE_STATES",
+    },
 }
 
 IDEMPOTENCY = {

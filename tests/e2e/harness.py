@@ -695,6 +695,15 @@ class Run:
                     job.failures.append(f"got a 503 without Retry-After: {response_headers}")
                 await asyncio.sleep(0.2 + self.rng.random() * 0.3)
                 continue
+            if status == 429:
+                # Over the user's running-job cap (a long run's many jobs per client) or throttled:
+                # nothing was stored under the key, so it is sent again, as a client would.
+                if header(response_headers, "Retry-After") is None or "problem+json" not in (
+                    header(response_headers, "Content-Type") or ""
+                ):
+                    job.failures.append(f"got a 429 without Retry-After or not a problem: {response_headers}")
+                await asyncio.sleep(0.5 + self.rng.random() * 0.5)
+                continue
             if status == 409:
                 conflicts += 1
                 if header(response_headers, "Retry-After") is None or "problem+json" not in (

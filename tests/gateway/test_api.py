@@ -241,3 +241,16 @@ def test_a_nul_character_in_the_payload_is_400_on_every_database(api_client, pay
 def test_a_nul_in_the_domain_is_400(api_client):
     bad = create(api_client, key="nul-domain", body={"domain": "sc\u0000an", "payload": {}})
     assert "domain" in assert_problem_400(bad)["errors"]
+
+
+def test_a_method_the_view_has_not_is_a_405_whatever_its_key(api_client):
+    """PATCH is a keyed method, but the jobs list has no PATCH: the view answers 405, and the key
+    neither replays another request's answer (a 422 before) nor keeps the 405 as its own."""
+    from idempotency.models import IdempotencyRecord
+
+    assert create(api_client, key="used").status_code == 201
+    for key in ("used", "fresh"):
+        response = api_client.patch("/api/jobs/", {"domain": "scan"}, format="json", HTTP_IDEMPOTENCY_KEY=key)
+        assert response.status_code == 405, response.content
+        assert response["Content-Type"] == "application/problem+json"
+    assert not IdempotencyRecord.objects.filter(key="fresh").exists()
