@@ -18,7 +18,6 @@ import asyncio
 import functools
 import json
 import logging
-import weakref
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -32,6 +31,7 @@ from eventbus.selectors import Backfill, read_backfills
 
 from .backoff import Backoff, retrying
 from .conf import gateway_settings
+from .loops import PerLoop
 
 logger = logging.getLogger(__name__)
 # Redis is away for now (a restart, a failover, a dropped connection): try again.
@@ -491,20 +491,14 @@ class Hub:
             await self._cluster.aclose()
 
 
-_hubs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Hub] = weakref.WeakKeyDictionary()
+_hubs: PerLoop[Hub] = PerLoop(lambda: Hub(), lambda hub: hub.close())
 
 
 def get_hub() -> Hub:
     """The hub of the running event loop (one per process under daphne)."""
-    loop = asyncio.get_running_loop()
-    hub = _hubs.get(loop)
-    if hub is None:
-        hub = _hubs[loop] = Hub()
-    return hub
+    return _hubs.get()
 
 
 async def close_hub() -> None:
     """Close the running loop's hub (tests; a process's hub otherwise lives as long as it)."""
-    hub = _hubs.pop(asyncio.get_running_loop(), None)
-    if hub is not None:
-        await hub.close()
+    await _hubs.close()

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import weakref
 from collections.abc import Iterable
 from importlib import import_module
 from typing import Any, Protocol
@@ -37,6 +36,7 @@ from django.utils import timezone
 from django.utils.crypto import constant_time_compare
 
 from .conf import gateway_settings
+from .loops import PerLoop
 
 logger = logging.getLogger(__name__)
 
@@ -168,20 +168,14 @@ class SessionWatch:
             await asyncio.wait({self._task}, timeout=2)
 
 
-_watches: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, SessionWatch] = weakref.WeakKeyDictionary()
+_watches: PerLoop[SessionWatch] = PerLoop(lambda: SessionWatch(), lambda watch: watch.close())
 
 
 def get_session_watch() -> SessionWatch:
     """The session watch of the running event loop (one per process under daphne or uvicorn)."""
-    loop = asyncio.get_running_loop()
-    watch = _watches.get(loop)
-    if watch is None:
-        watch = _watches[loop] = SessionWatch()
-    return watch
+    return _watches.get()
 
 
 async def close_session_watch() -> None:
     """Stop the running loop's watch (tests; a process's watch otherwise lives as long as it)."""
-    watch = _watches.pop(asyncio.get_running_loop(), None)
-    if watch is not None:
-        await watch.close()
+    await _watches.close()
