@@ -1,10 +1,18 @@
-"""Prometheus metrics of the bus, labelled by domain and shard. The long-running commands serve
-their own on --metrics-port; /metrics (config.views) serves every process's.
+"""Prometheus metrics of the bus, labelled by domain and shard, and of the jobs, labelled by job
+type (domain), stage and outcome. The long-running commands serve their own on --metrics-port;
+/metrics (config.views) serves every process's.
 
 The bus counts in several processes (Celery's pool publishes, routers apply, the reclaimer
 reclaims). With PROMETHEUS_MULTIPROC_DIR set before prometheus_client is first imported, as
 `make run` sets it for every process, each process writes its values to files there and /metrics
 adds them up.
+
+The jobs in flight (running, pending) are no gauge of this process or of the workers': a worker
+incrementing a gauge when a job starts and decrementing it when it ends loses the decrement when it
+dies mid-job, and multiprocess mode cannot mend that (a "livesum" gauge drops the dead process's
+value at once, while its job is still RUNNING and another worker will finish it; "all" keeps the
++1 for ever). The database knows: JobsInFlight counts them when /metrics is scraped, in the web
+process, with one GROUP BY over the (state, enqueued_at) index. See "jobs and stages" below.
 """
 
 import atexit
@@ -77,11 +85,8 @@ RECLAIM_LATENCY = Histogram(
 # database timestamps, whichever process ends the job. The run time is in the stage durations;
 # the wait for a worker is eventbus_job_queue_seconds.
 #
-# Running (and pending) jobs are not a gauge the workers move up and down: a pool process killed
-# mid-job would never take its +1 back (a "livesum" gauge drops a dead process's value, which is
-# wrong the other way: its job is still RUNNING, and another worker finishes it). They are counted
-# when /metrics is scraped, from the database that holds the truth: JobsInFlight, one GROUP BY on
-# the (state, enqueued_at) index per scrape, registered by the /metrics view (config.views).
+# Running and pending jobs: JobsInFlight (see the module's docstring), registered by the /metrics
+# view (config.views).
 
 DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 JOB_OUTCOMES = ("completed", "failed", "cancelled", "timed_out")
