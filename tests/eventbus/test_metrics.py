@@ -161,3 +161,26 @@ def test_http_requests_are_counted_by_their_url_patterns_name_never_their_path(a
         for sample in family.samples
     }
     assert "job-cancel" in views and not any("/" in view for view in views), views
+
+
+def test_a_scrape_without_the_database_serves_the_other_metrics(db):
+    """The database refuses connections (a real one: nothing listens on the port): the jobs in
+    flight are left out of that scrape, with a warning, and the rest is served."""
+    from config.redis_server import free_port
+    from tests.processes import run_command
+
+    code = (
+        "from django.test import Client; r = Client().get('/metrics', REMOTE_ADDR='127.0.0.1'); "
+        "t = r.content.decode(); "
+        "print('status', r.status_code, 'running' in t, 'eventbus_published_total' in t)"
+    )
+    status, output = run_command(
+        "shell",
+        "-c",
+        code,
+        DATABASE_URL=f"postgres://nobody@127.0.0.1:{free_port()}/none",
+        TEST_DATABASE_NAME="",
+    )
+    assert status == 0, output
+    assert "status 200 False True" in output, output
+    assert "Jobs in flight not measured: the database failed" in output, output
