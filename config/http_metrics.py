@@ -1,8 +1,8 @@
 """HTTP request metrics of the demo: requests by method, view and status class, and their latency.
 
 A middleware of our own rather than django-prometheus: that one's two middlewares are
-MiddlewareMixin ones (a trip to a worker thread on each side of every request under ASGI) and
-count some fifteen families, among them a latency histogram labelled by the raw request method,
+MiddlewareMixin ones (under ASGI, a trip to a worker thread before and after every request each)
+and count twenty families, among them a latency histogram labelled by the raw request method,
 which a client sets to anything (a new series per method made up). Here two families, bounded
 labels only:
 
