@@ -70,16 +70,22 @@ class Site:
             return response.read().decode()
 
 
+def metrics_worker(name: str, directory) -> Worker:
+    return Worker(
+        name,
+        EVENTBUS_STAGE_SECONDS="0.05",
+        CELERY_VISIBILITY_TIMEOUT=str(VISIBILITY_TIMEOUT),
+        PROMETHEUS_MULTIPROC_DIR=str(directory),
+    )
+
+
 @pytest.fixture
 def stack(broker, user, tmp_path):
     """A web server and (once started) a worker, counting into one metrics directory."""
     directory = tmp_path / "metrics"
     directory.mkdir()
-    env = {"PROMETHEUS_MULTIPROC_DIR": str(directory)}
-    web = Web(free_port(), **env).start()
-    worker = Worker(
-        "metrics", EVENTBUS_STAGE_SECONDS="0.05", CELERY_VISIBILITY_TIMEOUT=str(VISIBILITY_TIMEOUT), **env
-    )
+    web = Web(free_port(), PROMETHEUS_MULTIPROC_DIR=str(directory)).start()
+    worker = metrics_worker("metrics", directory)
     try:
         yield Site(web, Token.objects.create(user=user).key), worker
     finally:
@@ -178,3 +184,30 @@ def test_metrics_show_jobs_stages_running_jobs_and_requests_of_every_process(sta
     )  # this scrape counts once answered
     views = {labels["view"] for name, labels, _ in samples(text) if name == "http_requests_total"}
     assert not any("/" in view or running in view for view in views), views
+
+
+def test_the_running_jobs_stay_right_when_a_worker_dies_mid_job(stack, broker, tmp_path):
+    """A worker SIGKILLed mid-job never takes back a +1 of its own: a gauge the workers moved
+    would keep counting the job after another worker finished it (or drop it while it is still
+    RUNNING). Read from the database, the count follows the job."""
+    site, first = stack
+    payload = {"log": str(tmp_path / "log"), "api": f"api-{uuid.uuid4().hex[:8]}", "wait": 3}
+    outside_api_down(payload["api"], 0)
+    job = site.post_job("flaky", payload, key="m-killed")
+    first.start()
+    wait_for(lambda: ("wait", 32) in job_events(broker, "flaky", job), timeout=30, message="the long stage")
+    first.kill()
+    assert value(site.metrics(), "eventbus_jobs_running", domain="flaky") == 1  # RUNNING, no worker
+
+    second = metrics_worker("metrics-2", tmp_path / "metrics")
+    try:
+        second.start()
+        wait_for_state(job, State.COMPLETED, [first.log, second.log], timeout=VISIBILITY_TIMEOUT + 30)
+        text = site.metrics()
+        assert value(text, "eventbus_jobs_running") == 0, text
+        assert value(text, "eventbus_jobs_ended_total", domain="flaky", outcome="completed") == 1
+        # The killed attempt was never timed; the second run's was.
+        assert value(text, "eventbus_stage_duration_seconds_count", domain="flaky", stage="wait") == 1
+    finally:
+        second.stop()
+        second.log_path.unlink(missing_ok=True)
