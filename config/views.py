@@ -19,6 +19,7 @@ from django.http import HttpResponse
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from eventbus.metrics import JOBS_IN_FLIGHT
 from idempotency.problems import problem
 
 # What proxies add (nginx, HAProxy, cloud load balancers): the client is not the peer.
@@ -64,12 +65,15 @@ def _is_loopback(address: str) -> bool:
 def _registry():
     """Every process's metrics when PROMETHEUS_MULTIPROC_DIR is set (`make run` sets it for all its
     processes: the worker's pool, the router and the reclaimer count elsewhere than the web
-    process), else this process's own. The directory is read per request, not at import."""
-    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
-    if not path:
-        return REGISTRY
-    # A registry of its own: the default one holds this process's values, which are in the
-    # directory already (counted twice otherwise).
+    process), else this process's own; with the jobs in flight, read from the database now
+    (eventbus.metrics.JobsInFlight). The directory is read per request, not at import."""
+    # A registry of its own: in multiprocess mode the default one holds this process's values,
+    # which are in the directory already (counted twice otherwise).
     registry = CollectorRegistry()
-    MultiProcessCollector(registry, path=path)
+    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if path:
+        MultiProcessCollector(registry, path=path)
+    else:
+        registry.register(REGISTRY)
+    registry.register(JOBS_IN_FLIGHT)
     return registry

@@ -8,7 +8,8 @@
     the run ends                           -> COMPLETED | FAILED | TIMED_OUT | CANCELLED (final: never left)
 
 Each change is a compare-and-set on the state it leaves, so two runs of one job (a task
-delivered twice) cannot move it backwards or end it twice.
+delivered twice) cannot move it backwards or end it twice; the job metrics (eventbus.metrics)
+are counted here, where a change is known to have happened once.
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
-from django.db import DatabaseError
+from django.db import DatabaseError, transaction
 from django.db.models import Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from idempotency.models import Operation
+
+from . import metrics
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +52,7 @@ def start(operation: Operation) -> bool:
     meanwhile (cancelled before it started)."""
     if Operation.objects.filter(pk=operation.pk, state=State.PENDING).update(state=State.RUNNING):
         operation.state = State.RUNNING
+        _count(metrics.job_started, operation.domain, operation.accepted_at, timezone.now())
         return True
     return not is_final_now(operation)
 
@@ -66,6 +70,7 @@ def cancel_pending(operation: Operation) -> bool:
     )
     if cancelled:
         operation.state, operation.cancel_requested_at, operation.completed_at = State.CANCELLED, now, now
+        _count(metrics.job_ended, operation.domain, State.CANCELLED, operation.accepted_at, now)
         logger.info("Job %s CANCELLED before it started", operation.op_id)
     return bool(cancelled)
 
@@ -97,12 +102,19 @@ def chain_root_id(operation: Operation) -> str:
 def end(operation: Operation, state: str) -> bool:
     """PENDING or RUNNING -> a final state; False when it had ended already."""
     assert state in FINAL_STATES, state
+    now = timezone.now()
     ended = Operation.objects.filter(pk=operation.pk, state__in=(State.PENDING, State.RUNNING)).update(
-        state=state, completed_at=timezone.now()
+        state=state, completed_at=now
     )
     if ended:
+        _count(metrics.job_ended, operation.domain, state, operation.accepted_at, now)
         logger.info("Job %s %s", operation.op_id, state)
     return bool(ended)
+
+
+def _count(observe, *args) -> None:
+    """Count a change once it is committed (a rolled-back change did not happen)."""
+    transaction.on_commit(lambda: observe(*args))
 
 
 def past_deadline(operation: Operation) -> bool:

@@ -23,7 +23,7 @@ from idempotency.models import Operation
 from idempotency.scope import join_scope
 from idempotency.services import Command, accept
 
-from . import cancellation, jobtypes, lifecycle
+from . import cancellation, jobtypes, lifecycle, metrics
 from .exceptions import JobEnded, JobNotRetryable
 from .jobtypes import InvalidPayload, JobType, UnknownJobType
 from .models import StageRecord
@@ -145,6 +145,7 @@ def retry_job(job_id, *, key: str | IdemKey, owner=None, scope: str | None = Non
                 for record in old.stage_records.filter(finished_at__isnull=False)
             )
             logger.info("Job %s retries job %s (%s)", operation.op_id, old.op_id, old.state)
+            transaction.on_commit(lambda: metrics.job_retried(old.domain))
     return operation, created
 
 

@@ -24,6 +24,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db.models import F
 from django.utils import timezone
 
+from . import metrics
 from .jobtypes import FINAL_STAGE, JobCancelled, JobFailed, JobType, PlannedStage, StageTimeout
 from .models import StageRecord
 from .publish import publish_event
@@ -176,19 +177,26 @@ def run_stages(
             root_id=root_id,
             is_cancelled=is_cancelled,
         )
+        outcome = None  # the attempt's, for the metrics (none: the run was taken over)
         try:
             result = run_stage(job, ctx)
             _finish(operation, planned.name, result, ctx.events)
-        except RunStopped:
+            outcome = "completed"
+        except RunStopped as exc:
+            outcome = "timed_out" if isinstance(exc, DeadlinePassed) else None
             raise  # no fault of the stage's
         except JobCancelled as exc:
+            outcome = "cancelled"
             _record_failure(operation, planned.name, exc)  # where the cancel stopped the job
             raise
         except Exception as exc:
+            outcome = "failed"
             if is_cancelled is not None and _cancelled_anyway(is_cancelled):
+                outcome = "cancelled"
                 _record_failure(operation, planned.name, exc)  # stopping, it failed: not retried
                 raise JobCancelled(f"Job {job_id} was cancelled; stage {planned.name!r} stopped") from exc
             if planned.stage.retryable(exc, attempt):
+                outcome = "retried"
                 delay = planned.stage.retry_delay(attempt)
                 _record_failure(operation, planned.name, exc, retry_in=delay)
                 logger.warning(
@@ -201,8 +209,13 @@ def run_stages(
                     delay,
                 )
                 raise StageRetry(job_id, planned.name, delay) from exc
+            if isinstance(exc, StageTimeout):
+                outcome = "timed_out"
             _record_failure(operation, planned.name, exc)
             raise
+        finally:
+            if outcome is not None:
+                metrics.stage_attempt(domain, planned.name, outcome, time.monotonic() - ctx.started)
         results[planned.name] = result
     return results
 

@@ -15,7 +15,7 @@ PROBLEM = "application/problem+json"
 
 
 @pytest.mark.parametrize("address", ["127.0.0.1", "127.0.0.2", "::1", "::ffff:127.0.0.1"])
-def test_a_client_on_this_machine_gets_the_metrics(client, settings, address):
+def test_a_client_on_this_machine_gets_the_metrics(db, client, settings, address):
     settings.METRICS_TOKEN = None
     response = client.get("/metrics", REMOTE_ADDR=address)
     assert response.status_code == 200
@@ -40,7 +40,7 @@ def test_a_request_through_a_proxy_on_this_machine_is_not_local(client, settings
     assert response.status_code == 403 and response["Content-Type"] == PROBLEM
 
 
-def test_with_a_token_set_a_scrape_needs_it_from_anywhere(client, settings):
+def test_with_a_token_set_a_scrape_needs_it_from_anywhere(db, client, settings):
     settings.METRICS_TOKEN = "scrape-s3cret"
     for address in ("203.0.113.7", "127.0.0.1"):
         for authorization in (

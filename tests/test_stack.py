@@ -317,13 +317,18 @@ def test_metrics_show_every_process(stack):
             metric_sum(text, "eventbus_published_total"),
             metric_sum(text, "eventbus_applied_total"),
             metric_sum(text, "idempotency_requests_total", 'outcome="miss"'),
+            # the job's end and its stages counted by the worker's pool, its POST by the web server
+            metric_sum(text, "eventbus_jobs_ended_total", 'domain="scan",outcome="completed"'),
+            metric_sum(text, "eventbus_stage_duration_seconds_count", 'outcome="completed"'),
+            metric_sum(text, "http_requests_total", 'method="POST",status="2xx",view="job-list"'),
         )
         return counts if all(counts) else None
 
-    published, applied, misses = wait_for(
+    published, applied, misses, ended, stages, posts = wait_for(
         scraped, timeout=30, interval=0.2, message="every process's metrics"
     )
     assert published >= 5 and applied >= 5 and misses >= 1
+    assert ended >= 1 and posts >= 1 and stages >= 2  # the README test may have started a job too
 
 
 @pytest.mark.make_run

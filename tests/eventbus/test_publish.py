@@ -204,7 +204,7 @@ def test_importing_the_package_loads_neither_redis_nor_the_publisher():
     assert (result.returncode, result.stdout.strip()) == (0, "ok"), result.stderr
 
 
-def test_the_web_app_serves_the_bus_metrics(client, redis_client):
+def test_the_web_app_serves_the_bus_metrics(db, client, redis_client):  # the jobs in flight: a query
     publish_event("scan", "job-10", "vision", 10, {})
     body = client.get("/metrics").content.decode()
     for name in (
