@@ -407,3 +407,24 @@ def test_a_reload_lists_the_recent_jobs_and_resumes_a_running_one(walker, stack,
     assert card.locator(".percent").inner_text() == "100 %"
     # The tab forgets the last seq of a job that ended.
     assert page.evaluate("Object.keys(sessionStorage).filter(k => k.startsWith('jobstream:'))") == []
+
+
+def test_older_jobs_come_a_page_at_a_time(walker, web, browser):
+    """No worker: eleven jobs started by code stay PENDING; the page lists ten, then the next."""
+    from eventbus import start_job
+
+    ids = [
+        str(orm(lambda n=n: start_job("scan", {}, key=f"code-{n}", owner=walker))[0].op_id) for n in range(11)
+    ]
+    page = logged_in_page(browser, web)
+    page.wait_for_function("document.querySelectorAll('.job').length === 10")
+    more = page.locator("#more-jobs")
+    assert more.is_visible() and page.locator("#jobs-status").inner_text().endswith("10 of 11 listed.")
+    # Newest first, each live one with its Cancel button.
+    assert page.locator(".job").evaluate_all("els => els.map(e => e.dataset.jobId)") == ids[::-1][:10]
+    assert page.locator(".job button.cancel:visible").count() == 10
+
+    more.click()
+    page.wait_for_function("document.querySelectorAll('.job').length === 11")
+    assert page.locator(".job").last.get_attribute("data-job-id") == ids[0]
+    assert more.is_hidden() and page.locator("#jobs-status").inner_text().endswith("11 of 11 listed.")

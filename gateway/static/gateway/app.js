@@ -221,6 +221,8 @@ function addCard(job, { first }) {
     retriedAs: null,
   };
   for (const stage of STAGES[job.domain] || []) addChip(state, stage);
+  // Many cards, one name each: the job's, for whoever reads the page by its controls.
+  card.querySelector("progress").setAttribute("aria-label", `Progress of the ${job.domain} job ${shortId(jobId)}`);
   card.querySelector(".cancel").setAttribute("aria-label", `Cancel the ${job.domain} job ${shortId(jobId)}`);
   card.querySelector(".retry").setAttribute("aria-label", `Retry the ${job.domain} job ${shortId(jobId)}`);
   card.querySelector(".cancel").addEventListener("click", () => cancelJob(state));
