@@ -428,3 +428,25 @@ def test_older_jobs_come_a_page_at_a_time(walker, web, browser):
     page.wait_for_function("document.querySelectorAll('.job').length === 11")
     assert page.locator(".job").last.get_attribute("data-job-id") == ids[0]
     assert more.is_hidden() and page.locator("#jobs-status").inner_text().endswith("11 of 11 listed.")
+
+
+def test_a_throttled_cancel_shows_its_problem_on_the_card(walker, web, browser):
+    """No worker: the job stays PENDING. The user's jobs API budget ("120/min") spent, the
+    card's Cancel gets the throttle's 429, and says so with its Retry-After."""
+    page = logged_in_page(browser, web)
+    card, job_id = start_from_page(page, "scan", {})
+    wait_for_state(page, job_id, "PENDING")
+    for _ in range(200):
+        if page.request.get(f"{web.url}/api/jobs/?page_size=1").status == 429:
+            break
+    else:
+        pytest.fail("the jobs API never throttled")
+
+    card.locator("button.cancel").click()
+    problem = card.locator(".problem")
+    problem.wait_for(state="visible")
+    text = problem.inner_text()
+    assert text.startswith("Cancel refused: HTTP 429") and "try again in" in text, text
+    assert card.locator("button.cancel").is_enabled()  # pressed again once the wait is over
+    assert card.get_attribute("data-state") == "PENDING"
+    assert text.removeprefix("Cancel refused: ") in page.locator("#announcer").inner_text()

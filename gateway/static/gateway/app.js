@@ -658,11 +658,9 @@ async function loadJobs(url) {
 
 function showJobsStatus() {
   if (listTotal === null) return; // the list has not answered yet
-  const started = watched.size - listed; // started here since the list came
-  jobsStatus.textContent =
-    watched.size === 0
-      ? "No jobs yet: start one above."
-      : `Your jobs, newest first: ${listed} of ${listTotal} listed${started > 0 ? `, ${started} started since` : ""}.`;
+  if (watched.size === 0) jobsStatus.textContent = "No jobs yet: start one above.";
+  else if (listTotal === 0) jobsStatus.textContent = "Newest first.";
+  else jobsStatus.textContent = `Newest first: ${listed} of ${listTotal} listed.`;
 }
 
 function pathOf(address) {
