@@ -479,24 +479,23 @@ function onReset(state, snapshot) {
 
 function expectQuiet(state) {
   clearTimeout(state.quietTimer);
-  if (!LIVE.includes(state.jobState)) return;
+  // Only a running job waits for a retry; a pending one's next news is its first event.
+  if (state.jobState !== "RUNNING") return;
   state.quietTimer = setTimeout(async () => {
-    await refreshDetail(state);
+    const answer = await refreshDetail(state);
     state.quietDelay = Math.min(QUIET_MAX_MS, state.quietDelay * 2);
+    if (answer && answer.status === 429) state.quietDelay = Math.max(state.quietDelay, answer.retryAfter * 1000);
     expectQuiet(state);
   }, state.quietDelay);
 }
 
 async function refreshDetail(state) {
-  if (state.detailAsked) return;
+  if (state.detailAsked) return null;
   state.detailAsked = true;
   const answer = await callApi(`/api/jobs/${encodeURIComponent(state.job.job_id)}/`);
   state.detailAsked = false;
-  if (answer.ok && answer.body) {
-    showDetail(state, answer.body);
-  } else if (answer.status === 429) {
-    state.quietDelay = Math.max(state.quietDelay, answer.retryAfter * 1000); // throttled: ask later
-  }
+  if (answer.ok && answer.body) showDetail(state, answer.body);
+  return answer;
 }
 
 function showDetail(state, detail) {
