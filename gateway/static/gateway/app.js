@@ -219,6 +219,7 @@ function addCard(job, { first }) {
     detailAsked: false,
     retryKey: null, // the key of a retry whose answer never came: sent again on the next press
     retriedAs: null,
+    cancelling: false, // a cancel was accepted; the run has not stopped yet
   };
   for (const stage of STAGES[job.domain] || []) addChip(state, stage);
   // Many cards, one name each: the job's, for whoever reads the page by its controls.
@@ -263,7 +264,7 @@ function setChip(chip, stageState, note) {
 }
 
 function stageOrder(state) {
-  return [...state.chips.keys()];
+  return [...state.card.querySelectorAll(".stage")].map((chip) => chip.dataset.stage);
 }
 
 function setJobState(state, jobState, { quiet = false } = {}) {
