@@ -404,6 +404,7 @@ def test_a_reload_lists_the_recent_jobs_and_resumes_a_running_one(walker, stack,
     assert card.locator(".percent").inner_text() == "100 %"
     # The tab forgets the last seq of a job that ended.
     assert page.evaluate("Object.keys(sessionStorage).filter(k => k.startsWith('jobstream:'))") == []
+    page.screenshot(path=screenshot_path(stack, "reloaded"), full_page=True)
 
 
 def test_older_jobs_come_a_page_at_a_time(walker, web, browser):
