@@ -348,6 +348,17 @@ def test_retry_a_failed_job_from_its_card(walker, stack, browser, tmp_path):
     assert outside_api_charges("page-retry") == {f"{old_id}:pay": 1}
     page.screenshot(path="/tmp/page.png", full_page=True)
 
+    # After a reload both are listed; the failed one, not watched now, shows where it stopped
+    # (its stages) and no bar (how far it got is not known: its final event says 100).
+    page.reload()
+    wait_for_state(page, old_id, "FAILED")
+    old_card = card_of(page, old_id)
+    page.wait_for_selector(f'.job[data-job-id="{old_id}"] .stage[data-stage="pay"][data-state="FAILED"]')
+    assert old_card.locator(".bar").is_hidden() and card_of(page, new_id).locator(".bar").is_visible()
+    assert old_card.locator(".chain .retried-as").inner_text() == f"Retried as {new_id[:8]}"
+    assert not old_card.locator("button.retry").is_visible()
+    page.screenshot(path=screenshot_path(stack, "retried-reloaded"), full_page=True)
+
 
 def test_a_stage_waiting_for_its_retry_shows_the_attempt_that_waits(walker, stack, browser, tmp_path):
     page = logged_in_page(browser, stack)

@@ -510,6 +510,10 @@ function showDetail(state, detail) {
     state.shownSeq = Math.max(state.shownSeq, seq);
     showProgress(state, String(latest.stage || ""), latest.data);
   }
+  // A job that ended without completing, never watched here: how far it got is not known (its
+  // final event says 100), its stages say where it stopped; no bar rather than a wrong one.
+  const unwatched = state.card.querySelector(".log").children.length === 0;
+  state.card.querySelector(".bar").hidden = ended && detail.state !== "COMPLETED" && unwatched;
   for (const stage of Array.isArray(detail.stages) ? detail.stages : []) showStage(state, stage, detail.state);
   if (detail.error && typeof detail.error === "object") showFailure(state, null, detail.error);
   setJobState(state, detail.state);
