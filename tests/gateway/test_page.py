@@ -2,14 +2,24 @@
 log in, start a job, see the replay, watch the bar follow every event's `progress` to 100 %,
 survive the server closing every socket (the web server restarted mid-job), and never show an event
 twice. Also: chat's answer streams in chunk by chunk from the page's default payload, and the
-login page and the favicon are served and styled like the page."""
+login page and the favicon are served and styled like the page.
+
+Operating jobs from the page: a running job cancelled by its card's button ends CANCELLED; a job
+that failed (its outside API down) shows Retry, whose new card says it retries the old one and
+completes (the outside API charged once, under the first job's key); a stage waiting for its
+retry shows RETRYING and the attempt that waits; a Cancel the server refuses (409) says why on
+the card; a reload lists the user's recent jobs (those started by code too) with their states
+and resumes a running one from the last seq shown, each event once."""
 
 import json
-from urllib.parse import urljoin
+from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import parse_qs, urljoin, urlparse
 
 import pytest
+from django.db import connection
 
 from eventbus.testing import events_of
+from tests.eventbus.jobtypes import FlakyJob, outside_api_charges, outside_api_down
 from tests.processes import Manage, Worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -204,3 +214,248 @@ def test_the_login_page_is_styled_like_the_page_and_the_favicon_is_served(web, b
     )
     assert favicon.body()[:4] == b"\x00\x00\x01\x00"  # an ICO file
     assert failed == []
+
+
+# -- operating jobs from the page ---------------------------------------------------------------
+
+
+def orm(function):
+    """Run an ORM call off the test's thread: Playwright's sync API runs an event loop there."""
+
+    def run():
+        try:
+            return function()
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(run).result()
+
+
+def start_from_page(page, domain, payload):
+    """Start a job with the page's own form; its card (the newest, first) and its id."""
+    before = page.locator(".job").count()
+    page.select_option("#domain", domain)
+    page.fill("#payload", json.dumps(payload))
+    page.click("#start-job")
+    page.wait_for_function(f"document.querySelectorAll('.job').length > {before}")
+    job_id = page.locator(".job").first.get_attribute("data-job-id")
+    return card_of(page, job_id), job_id
+
+
+def card_of(page, job_id):
+    return page.locator(f'.job[data-job-id="{job_id}"]')
+
+
+def wait_for_state(page, job_id, state, timeout=30_000):
+    page.wait_for_selector(f'.job[data-job-id="{job_id}"][data-state="{state}"]', timeout=timeout)
+
+
+def card_seqs(card):
+    return [
+        int(s) for s in card.locator(".log li[data-seq]").evaluate_all("els => els.map(e => e.dataset.seq)")
+    ]
+
+
+def chip(card, stage):
+    return card.locator(f'.stage[data-stage="{stage}"]')
+
+
+def flaky_payload(tmp_path, api, **extra):
+    return {"log": str(tmp_path / "flaky.log"), "api": api, **extra}
+
+
+def test_cancel_a_running_job_from_its_card(walker, stack, browser, tmp_path):
+    page = logged_in_page(browser, stack)
+    outside_api_down("page-cancel", 0)
+    card, job_id = start_from_page(page, "flaky", flaky_payload(tmp_path, "page-cancel", wait=4.5))
+    cancel, retry = card.locator("button.cancel"), card.locator("button.retry")
+    assert cancel.is_visible() and not retry.is_visible()  # a live job: Cancel only
+
+    page.wait_for_selector(f'.job[data-job-id="{job_id}"] .stage[data-stage="wait"][data-state="RUNNING"]')
+    cancel.click()
+    wait_for_state(page, job_id, "CANCELLED")
+
+    assert card.locator(".job-state").inner_text() == "cancelled"
+    assert not cancel.is_visible() and retry.is_visible()  # ended: Retry instead
+    # The stage the cancel stopped says so; the ones after it never ran.
+    page.wait_for_selector(f'.job[data-job-id="{job_id}"] .stage[data-stage="wait"][data-state="CANCELLED"]')
+    assert chip(card, "finish").get_attribute("data-state") == "PENDING"
+    assert chip(card, "done").inner_text() == "cancelled"
+    # The final event came once, and the bar stayed where the job stopped (not 100 %).
+    seqs = card_seqs(card)
+    assert seqs[-1] == FlakyJob.final_seq() and len(seqs) == len(set(seqs))
+    assert card.locator("progress").evaluate("bar => bar.value") < 100
+    assert "cancelled" in page.locator("#announcer").inner_text()
+    assert card.locator(".problem").is_hidden()
+
+
+def test_a_refused_cancel_shows_its_problem_on_the_card(walker, web, browser, tmp_path):
+    """No worker and no router: the job stays PENDING on the page (no event comes, and the page
+    asks a pending job nothing more) while it is cancelled behind the card's back, so that the
+    card's Cancel meets a job that has ended (409)."""
+    page = logged_in_page(browser, web)
+    card, job_id = start_from_page(page, "scan", {})
+    wait_for_state(page, job_id, "PENDING")
+    csrf = next(c["value"] for c in page.context.cookies() if c["name"] == "csrftoken")
+    behind = page.request.post(f"{web.url}/api/jobs/{job_id}/cancel/", headers={"X-CSRFToken": csrf})
+    assert behind.status == 202 and behind.json()["state"] == "CANCELLED"
+
+    card.locator("button.cancel").click()
+    problem = card.locator(".problem")
+    problem.wait_for(state="visible")
+    text = problem.inner_text()
+    assert text.startswith("Cancel refused: HTTP 409") and "ended" in text.lower(), text
+    # The card then asks how the job ended, and shows it: Retry, not Cancel.
+    wait_for_state(page, job_id, "CANCELLED")
+    assert card.locator("button.retry").is_visible() and not card.locator("button.cancel").is_visible()
+
+
+def test_retry_a_failed_job_from_its_card(walker, stack, browser, tmp_path):
+    page = logged_in_page(browser, stack)
+    outside_api_down("page-retry", 100)  # down for every attempt of the first job
+    old_card, old_id = start_from_page(page, "flaky", flaky_payload(tmp_path, "page-retry"))
+    wait_for_state(page, old_id, "FAILED")
+
+    retry = old_card.locator("button.retry")
+    assert retry.is_visible() and not old_card.locator("button.cancel").is_visible()
+    page.wait_for_selector(f'.job[data-job-id="{old_id}"] .stage[data-stage="pay"][data-state="FAILED"]')
+    assert chip(old_card, "pay").inner_text() == "pay · failed after 4 attempts"
+    assert chip(old_card, "prepare").get_attribute("data-state") == "COMPLETED"
+    note = old_card.locator('.stage-notes li[data-stage="pay"]').inner_text()
+    assert note == "pay failed: ConnectionError: page-retry answered 503", note
+
+    outside_api_down("page-retry", 0)  # the API is back
+    retry.click()
+    page.wait_for_function(f"document.querySelector('.job').dataset.jobId !== '{old_id}'")
+    new_id = page.locator(".job").first.get_attribute("data-job-id")
+    new_card = card_of(page, new_id)
+    key = old_card.locator(".action-key code").inner_text()
+    assert len(key) == 36  # the retry's own Idempotency-Key, shown
+    assert new_card.locator(".chain .retry-of").inner_text() == f"Retry of {old_id[:8]}"
+    assert new_card.locator(".chain .retry-of a").get_attribute("href") == f"#job-{old_id}"
+    wait_for_state(page, new_id, "COMPLETED")
+
+    assert new_card.locator(".percent").inner_text() == "100 %"
+    seqs = card_seqs(new_card)
+    assert seqs[-1] == FlakyJob.final_seq() and len(seqs) == len(set(seqs))
+    assert new_card.locator(".log li.duplicate").count() == 0
+    # The old job keeps its state; its card points at the retry and offers no second one.
+    assert old_card.get_attribute("data-state") == "FAILED"
+    assert old_card.locator(".chain .retried-as").inner_text() == f"Retried as {new_id[:8]}"
+    assert not retry.is_visible()
+    # The outside API saw the first job's key again, and charged it once.
+    assert outside_api_charges("page-retry") == {f"{old_id}:pay": 1}
+    page.screenshot(path="/tmp/page.png", full_page=True)
+
+    # After a reload both are listed; the failed one, not watched now, shows where it stopped
+    # (its stages) and no bar (how far it got is not known: its final event says 100).
+    page.reload()
+    wait_for_state(page, old_id, "FAILED")
+    old_card = card_of(page, old_id)
+    page.wait_for_selector(f'.job[data-job-id="{old_id}"] .stage[data-stage="pay"][data-state="FAILED"]')
+    assert old_card.locator(".bar").is_hidden() and card_of(page, new_id).locator(".bar").is_visible()
+    assert old_card.locator(".chain .retried-as").inner_text() == f"Retried as {new_id[:8]}"
+    assert not old_card.locator("button.retry").is_visible()
+    page.screenshot(path=screenshot_path(stack, "retried-reloaded"), full_page=True)
+
+
+def test_a_stage_waiting_for_its_retry_shows_the_attempt_that_waits(walker, stack, browser, tmp_path):
+    page = logged_in_page(browser, stack)
+    outside_api_down("page-patient", 1)  # one 503: the payment's retry waits its 8 s backoff
+    card, job_id = start_from_page(page, "flaky_patient", flaky_payload(tmp_path, "page-patient"))
+
+    # No event tells of a waiting retry: the quiet card asks for the job's stages.
+    page.wait_for_selector(f'.job[data-job-id="{job_id}"] .stage[data-stage="pay"][data-state="RETRYING"]')
+    assert chip(card, "pay").inner_text() == "pay · retrying: attempt 2"
+    note = card.locator('.stage-notes li[data-stage="pay"]').inner_text()
+    assert note == "pay (attempt 1 failed, attempt 2 waits): ConnectionError: page-patient answered 503", note
+    assert card.get_attribute("data-state") == "RUNNING" and card.locator("button.cancel").is_visible()
+    page.screenshot(path=screenshot_path(stack, "retrying"), full_page=True)
+
+    wait_for_state(page, job_id, "COMPLETED", timeout=60_000)
+    assert chip(card, "pay").inner_text() == "pay · 2 attempts"
+    assert card.locator('.stage-notes li[data-stage="pay"]').count() == 0
+
+
+def test_a_reload_lists_the_recent_jobs_and_resumes_a_running_one(walker, stack, browser, tmp_path):
+    from eventbus import start_job
+
+    by_code, _ = orm(lambda: start_job("scan", {}, key="started-by-code", owner=walker))
+    by_code_id = str(by_code.op_id)
+    page = logged_in_page(browser, stack)
+    sockets = []
+    page.on("websocket", lambda socket: sockets.append(socket.url))
+    # The job the project's code started is listed, and watched to its end.
+    wait_for_state(page, by_code_id, "COMPLETED")
+
+    outside_api_down("page-reload", 0)
+    card, job_id = start_from_page(page, "flaky", flaky_payload(tmp_path, "page-reload", wait=4))
+    page.wait_for_function(
+        f"document.querySelectorAll('.job[data-job-id=\"{job_id}\"] .log li[data-seq]').length >= 8"
+    )
+    page.reload()
+    page.wait_for_selector(f'.job[data-job-id="{job_id}"]')
+    resumed_from = [int(parse_qs(urlparse(url).query)["last_seq"][0]) for url in sockets if job_id in url][-1]
+    wait_for_state(page, job_id, "COMPLETED")
+
+    # Listed newest first, each with its state; the ended one has no socket and no buttons.
+    listed = page.locator(".job").evaluate_all("els => els.map(e => [e.dataset.jobId, e.dataset.state])")
+    assert listed == [[job_id, "COMPLETED"], [by_code_id, "COMPLETED"]]
+    old = card_of(page, by_code_id)
+    assert old.locator(".connection").is_hidden() and old.locator("button.retry").is_hidden()
+    assert old.locator(".percent").inner_text() == "100 %"
+    assert old.locator(".stage").evaluate_all("els => els.map(e => e.dataset.state)") == ["COMPLETED"] * 5
+    # The running job resumed from the last seq shown before the reload: each event once.
+    assert resumed_from > 0
+    seqs = card_seqs(card)
+    assert seqs == sorted(set(seqs)) and seqs[0] > resumed_from and seqs[-1] == FlakyJob.final_seq()
+    assert card.locator(".log li.duplicate").count() == 0
+    assert card.locator(".log li.resumed").inner_text().startswith(f"resumed after #{resumed_from}")
+    assert card.locator(".percent").inner_text() == "100 %"
+    # The tab forgets the last seq of a job that ended.
+    assert page.evaluate("Object.keys(sessionStorage).filter(k => k.startsWith('jobstream:'))") == []
+    page.screenshot(path=screenshot_path(stack, "reloaded"), full_page=True)
+
+
+def test_older_jobs_come_a_page_at_a_time(walker, web, browser):
+    """No worker: eleven jobs started by code stay PENDING; the page lists ten, then the next."""
+    from eventbus import start_job
+
+    ids = [
+        str(orm(lambda n=n: start_job("scan", {}, key=f"code-{n}", owner=walker))[0].op_id) for n in range(11)
+    ]
+    page = logged_in_page(browser, web)
+    page.wait_for_function("document.querySelectorAll('.job').length === 10")
+    more = page.locator("#more-jobs")
+    assert more.is_visible() and page.locator("#jobs-status").inner_text().endswith("10 of 11 listed.")
+    # Newest first, each live one with its Cancel button.
+    assert page.locator(".job").evaluate_all("els => els.map(e => e.dataset.jobId)") == ids[::-1][:10]
+    assert page.locator(".job button.cancel:visible").count() == 10
+
+    more.click()
+    page.wait_for_function("document.querySelectorAll('.job').length === 11")
+    assert page.locator(".job").last.get_attribute("data-job-id") == ids[0]
+    assert more.is_hidden() and page.locator("#jobs-status").inner_text().endswith("11 of 11 listed.")
+
+
+def test_a_throttled_cancel_shows_its_problem_on_the_card(walker, web, browser):
+    """No worker: the job stays PENDING. The user's jobs API budget ("120/min") spent, the
+    card's Cancel gets the throttle's 429, and says so with its Retry-After."""
+    page = logged_in_page(browser, web)
+    card, job_id = start_from_page(page, "scan", {})
+    wait_for_state(page, job_id, "PENDING")
+    for _ in range(200):
+        if page.request.get(f"{web.url}/api/jobs/?page_size=1").status == 429:
+            break
+    else:
+        pytest.fail("the jobs API never throttled")
+
+    card.locator("button.cancel").click()
+    problem = card.locator(".problem")
+    problem.wait_for(state="visible")
+    text = problem.inner_text()
+    assert text.startswith("Cancel refused: HTTP 429") and "try again in" in text, text
+    assert card.locator("button.cancel").is_enabled()  # pressed again once the wait is over
+    assert card.get_attribute("data-state") == "PENDING"
+    assert text.removeprefix("Cancel refused: ") in page.locator("#announcer").inner_text()

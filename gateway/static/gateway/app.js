@@ -2,6 +2,12 @@
 // job over its WebSocket with jobstream.js (loaded first), which resumes from the last seq
 // received after any disconnect. The bar shows the latest event's own `data.progress`, which
 // the pipelines set on every event.
+//
+// On load the page lists the user's recent jobs (GET /api/jobs/, whoever started them: this
+// page, the API or the project's code) with their stages (the detail's `stages`), and watches
+// each live one from the last seq this tab showed (kept in sessionStorage: a reload resumes,
+// it does not replay). Each card has a Cancel button while its job is live and a Retry button
+// once it failed, timed out or was cancelled. Text from the server goes in with textContent.
 "use strict";
 
 // Every registered job type, as the server declares it (gateway.views.index): its stages in
@@ -12,33 +18,118 @@ const STAGES = Object.fromEntries(JOB_TYPES.map((t) => [t.name, t.stages]));
 const DEFAULT_PAYLOADS = Object.fromEntries(JOB_TYPES.map((t) => [t.name, t.example_payload]));
 const PAYLOAD_HINTS = Object.fromEntries(JOB_TYPES.map((t) => [t.name, t.description]));
 
+const LIVE = ["PENDING", "RUNNING"];
+const ENDED = ["COMPLETED", "FAILED", "TIMED_OUT", "CANCELLED"];
+const RETRYABLE = ["FAILED", "TIMED_OUT", "CANCELLED"];
+const STATE_WORDS = {
+  PENDING: "pending",
+  RUNNING: "running",
+  COMPLETED: "completed",
+  FAILED: "failed",
+  TIMED_OUT: "timed out",
+  CANCELLED: "cancelled",
+};
+const FINAL_STAGE = "done";
+// Jobs listed per page of the list (the API's page_size): each listed job costs a detail request.
+const LIST_PAGE_SIZE = 10;
+// A live job quiet this long may be waiting for a stage's retry, which sends no event: the page
+// asks for its detail then, and again less and less often while it stays quiet.
+const QUIET_FIRST_MS = 2000;
+const QUIET_MAX_MS = 16000;
+
 function csrfToken() {
   const match = document.cookie.match(/(?:^|; )csrftoken=([^;]+)/);
   return match ? decodeURIComponent(match[1]) : "";
 }
 
+// One call of the jobs API: {ok, status, body, replayed, problem}. `status` 0: no answer came.
+// A refusal's `problem` is its problem+json title and detail, with Retry-After when sent.
+async function callApi(url, { method = "GET", key = null, body = null } = {}) {
+  const headers = { Accept: "application/json" };
+  if (method !== "GET") {
+    headers["Content-Type"] = "application/json";
+    headers["X-CSRFToken"] = csrfToken();
+  }
+  if (key) headers["Idempotency-Key"] = key;
+  let response;
+  try {
+    response = await fetch(url, { method, credentials: "same-origin", headers, body });
+  } catch (error) {
+    return { ok: false, status: 0, body: null, replayed: false, problem: `no answer from the server (${error.message})` };
+  }
+  let data = null;
+  try {
+    data = await response.json();
+  } catch (error) {
+    data = null; // not JSON (a proxy's error page): the status says enough
+  }
+  const answer = {
+    ok: response.ok,
+    status: response.status,
+    body: data,
+    replayed: response.headers.get("Idempotent-Replayed") === "true",
+    retryAfter: Number(response.headers.get("Retry-After")) || 0,
+  };
+  if (!response.ok) answer.problem = problemText(answer);
+  return answer;
+}
+
+function problemText(answer) {
+  const body = answer.body && typeof answer.body === "object" ? answer.body : {};
+  let text = `HTTP ${answer.status}`;
+  if (body.title) text += ` ${body.title}`;
+  if (body.detail) text += `: ${body.detail}`;
+  if (answer.retryAfter) text += ` (try again in ${answer.retryAfter} s)`;
+  return text;
+}
+
+// The last seq each job's card showed, per tab: a reload resumes each live job from it.
+const SEQ_KEY_PREFIX = "jobstream:last-seq:";
+
+function storedSeq(jobId) {
+  try {
+    return Math.max(0, Math.floor(Number(sessionStorage.getItem(SEQ_KEY_PREFIX + jobId)) || 0));
+  } catch (error) {
+    return 0; // storage refused (a privacy mode): the job is watched from its start
+  }
+}
+
+function storeSeq(jobId, seq) {
+  try {
+    if (seq > storedSeq(jobId)) sessionStorage.setItem(SEQ_KEY_PREFIX + jobId, String(seq));
+  } catch (error) {
+    // storage full or refused: a reload shows the job from its start
+  }
+}
+
+function forgetSeq(jobId) {
+  try {
+    sessionStorage.removeItem(SEQ_KEY_PREFIX + jobId);
+  } catch (error) {
+    // nothing to forget
+  }
+}
+
+const announcer = document.getElementById("announcer");
+
+function announce(text) {
+  announcer.textContent = text;
+}
+
+// -- starting a job -----------------------------------------------------------------------------
+
 let lastRequest = null;
 
 async function sendJobRequest(request) {
-  const response = await fetch("/api/jobs/", {
-    method: "POST",
-    credentials: "same-origin",
-    headers: {
-      "Content-Type": "application/json",
-      "Idempotency-Key": request.key,
-      "X-CSRFToken": csrfToken(),
-    },
-    body: request.body,
-  });
-  const replayed = response.headers.get("Idempotent-Replayed") === "true";
-  const body = await response.json();
+  const answer = await callApi("/api/jobs/", { method: "POST", key: request.key, body: request.body });
   const result = document.getElementById("request-result");
-  result.textContent = `HTTP ${response.status}${replayed ? " — replayed (Idempotent-Replayed: true), no new job" : " — executed"}`;
-  result.className = replayed ? "replayed" : "";
-  if (response.status === 201) {
-    showJob(body);
+  result.textContent = `HTTP ${answer.status}${answer.replayed ? " — replayed (Idempotent-Replayed: true), no new job" : " — executed"}`;
+  result.className = answer.replayed ? "replayed" : "";
+  if (answer.status === 201) {
+    showJob(answer.body);
   } else {
-    result.textContent += `: ${body.title || ""} ${body.detail || ""}`;
+    const body = answer.body || {};
+    result.textContent += `: ${body.title || ""} ${body.detail || answer.problem || ""}`;
   }
 }
 
@@ -80,38 +171,194 @@ document.getElementById("send-again").addEventListener("click", () => {
   if (lastRequest) sendJobRequest(lastRequest);
 });
 
-const watched = new Map();
+// -- the cards ----------------------------------------------------------------------------------
+
+const watched = new Map(); // job id -> its card's state
 
 function showJob(job) {
   if (watched.has(job.job_id)) {
-    // A replay answers with the job already on the page: point at its card, flashing it again
-    // on every replay (removing the class and forcing a reflow restarts the animation).
-    const card = watched.get(job.job_id).card;
-    card.classList.remove("seen-again");
-    void card.offsetWidth;
-    card.classList.add("seen-again");
-    card.scrollIntoView({ block: "nearest" });
+    pointAt(watched.get(job.job_id));
     return;
   }
+  watch(addCard(job, { first: true }));
+}
+
+function pointAt(state) {
+  // A replay answers with the job already on the page: point at its card, flashing it again
+  // on every replay (removing the class and forcing a reflow restarts the animation).
+  const card = state.card;
+  card.classList.remove("seen-again");
+  void card.offsetWidth;
+  card.classList.add("seen-again");
+  card.scrollIntoView({ block: "nearest" });
+}
+
+function shortId(jobId) {
+  return String(jobId).slice(0, 8);
+}
+
+function addCard(job, { first }) {
   const card = document.getElementById("job-template").content.firstElementChild.cloneNode(true);
-  card.dataset.jobId = job.job_id;
+  const jobId = String(job.job_id);
+  card.id = `job-${jobId}`;
+  card.dataset.jobId = jobId;
+  card.querySelector("h3").id = `job-${jobId}-title`;
+  card.setAttribute("aria-labelledby", `job-${jobId}-title`);
   card.querySelector(".domain").textContent = job.domain;
-  card.querySelector(".job-id").textContent = job.job_id;
-  const stages = card.querySelector(".stages");
-  for (const stage of STAGES[job.domain] || []) {
-    const chip = document.createElement("span");
-    chip.className = "stage";
-    chip.dataset.stage = stage;
-    chip.textContent = stage;
-    stages.append(chip);
+  card.querySelector(".job-id").textContent = jobId;
+  const state = {
+    job,
+    card,
+    progress: 0,
+    stream: null,
+    jobState: null,
+    shownSeq: 0, // the newest event shown: an older detail does not undo it
+    chips: new Map(),
+    quietTimer: null,
+    quietDelay: QUIET_FIRST_MS,
+    detailAsked: false,
+    retryKey: null, // the key of a retry whose answer never came: sent again on the next press
+    retriedAs: null,
+    cancelling: false, // a cancel was accepted; the run has not stopped yet
+  };
+  for (const stage of STAGES[job.domain] || []) addChip(state, stage);
+  // Many cards, one name each: the job's, for whoever reads the page by its controls.
+  card.querySelector("progress").setAttribute("aria-label", `Progress of the ${job.domain} job ${shortId(jobId)}`);
+  card.querySelector(".cancel").setAttribute("aria-label", `Cancel the ${job.domain} job ${shortId(jobId)}`);
+  card.querySelector(".retry").setAttribute("aria-label", `Retry the ${job.domain} job ${shortId(jobId)}`);
+  card.querySelector(".cancel").addEventListener("click", () => cancelJob(state));
+  card.querySelector(".retry").addEventListener("click", () => retryJob(state));
+  card.querySelector(".connection").hidden = true; // until a stream is opened
+  const jobs = document.getElementById("jobs");
+  if (first) jobs.prepend(card);
+  else jobs.append(card);
+  watched.set(jobId, state);
+  showJobsStatus();
+  setJobState(state, job.state || "PENDING", { quiet: true });
+  if (job.retry_of) showRetryOf(state, String(job.retry_of));
+  return state;
+}
+
+function addChip(state, stage) {
+  const chip = document.createElement("span");
+  chip.className = "stage";
+  chip.dataset.stage = stage;
+  chip.dataset.state = "PENDING";
+  const name = document.createElement("span");
+  name.className = "stage-name";
+  name.textContent = stage;
+  const note = document.createElement("span");
+  note.className = "stage-note";
+  chip.append(name, note);
+  // A stage the page did not know of (a type changed since): before the final chip.
+  const final = state.chips.get(FINAL_STAGE);
+  if (final && stage !== FINAL_STAGE) final.before(chip);
+  else state.card.querySelector(".stages").append(chip);
+  state.chips.set(stage, chip);
+  return chip;
+}
+
+function setChip(chip, stageState, note) {
+  chip.dataset.state = stageState;
+  chip.querySelector(".stage-note").textContent = note ? ` · ${note}` : "";
+}
+
+function stageOrder(state) {
+  return [...state.card.querySelectorAll(".stage")].map((chip) => chip.dataset.stage);
+}
+
+function setJobState(state, jobState, { quiet = false } = {}) {
+  const previous = state.jobState;
+  if (ENDED.includes(previous)) return; // a final state is never left
+  if (previous === "RUNNING" && jobState === "PENDING") return; // an older answer
+  if (!(jobState in STATE_WORDS)) return;
+  state.jobState = jobState;
+  const card = state.card;
+  card.dataset.state = jobState;
+  const badge = card.querySelector(".job-state");
+  badge.textContent = state.cancelling && LIVE.includes(jobState) ? "cancelling…" : STATE_WORDS[jobState];
+  const cancel = card.querySelector(".cancel");
+  cancel.hidden = !LIVE.includes(jobState);
+  card.querySelector(".retry").hidden = !RETRYABLE.includes(jobState) || state.retriedAs !== null;
+  if (ENDED.includes(jobState)) {
+    clearTimeout(state.quietTimer);
+    forgetSeq(state.job.job_id);
+    if (jobState === "COMPLETED") {
+      for (const chip of state.chips.values()) if (chip.dataset.state !== "COMPLETED") setChip(chip, "COMPLETED", "");
+    } else {
+      const final = state.chips.get(FINAL_STAGE);
+      if (final) {
+        final.dataset.state = jobState;
+        final.querySelector(".stage-name").textContent = STATE_WORDS[jobState];
+      }
+    }
   }
-  document.getElementById("jobs").prepend(card);
-  const state = { job, card, progress: 0, stream: null };
-  watched.set(job.job_id, state);
-  const url = new URL(job.ws_url, window.location.href);
+  if (!quiet && previous !== jobState) announce(`${state.job.domain} job ${shortId(state.job.job_id)}: ${STATE_WORDS[jobState]}`);
+}
+
+// The card's retry chain: the job it retries, the job that retried it (each a link to its card).
+function chainPart(state, name) {
+  const chain = state.card.querySelector(".chain");
+  chain.hidden = false;
+  let part = chain.querySelector(`.${name}`);
+  if (!part) {
+    part = document.createElement("span");
+    part.className = name;
+    if (name === "retry-of") chain.prepend(part);
+    else chain.append(part);
+  }
+  return part;
+}
+
+function showRetryOf(state, oldId) {
+  chainPart(state, "retry-of").replaceChildren("Retry of ", jobLink(oldId));
+  const old = watched.get(oldId);
+  if (old) showRetriedAs(old, String(state.job.job_id));
+}
+
+function showRetriedAs(state, newId) {
+  state.retriedAs = newId;
+  state.card.querySelector(".retry").hidden = true; // retry the newest of the chain, on its card
+  chainPart(state, "retried-as").replaceChildren("Retried as ", jobLink(newId));
+}
+
+function jobLink(jobId) {
+  const link = document.createElement("a");
+  link.href = `#job-${jobId}`;
+  const code = document.createElement("code");
+  code.textContent = shortId(jobId);
+  link.append(code);
+  return link;
+}
+
+function showProblem(state, text) {
+  const problem = state.card.querySelector(".problem");
+  problem.hidden = !text;
+  problem.textContent = text || "";
+  if (text) announce(`${state.job.domain} job ${shortId(state.job.job_id)}: ${text}`);
+}
+
+function showActionKey(state, key) {
+  const sent = state.card.querySelector(".action-key");
+  sent.hidden = false;
+  sent.querySelector("code").textContent = key;
+}
+
+// -- watching a job -----------------------------------------------------------------------------
+
+function watch(state) {
+  const jobId = state.job.job_id;
+  const lastSeq = storedSeq(jobId);
+  if (lastSeq > 0) {
+    state.shownSeq = lastSeq;
+    logLine(state, `resumed after #${lastSeq}: the events before it were shown before the page was reloaded`, "resumed");
+  }
+  state.card.querySelector(".connection").hidden = false;
+  const url = new URL(state.job.ws_url, window.location.href);
   url.protocol = window.location.protocol === "https:" ? "wss:" : "ws:";
   url.host = window.location.host; // the page's own origin: cookies and origin checks match
   state.stream = JobStream.watch(url.href, {
+    lastSeq,
     onEvent: (frame) => onEvent(state, frame),
     // The client drops a repeat (seq <= the last one); the page still shows it, never hides it.
     onDropped: (frame) => {
@@ -121,6 +368,7 @@ function showJob(job) {
     onError: (error) => logLine(state, `error ${error.code}: ${error.detail}`, "reset"),
     onStatus: (status, info) => showConnection(state, status, info),
   });
+  expectQuiet(state);
 }
 
 function showConnection(state, status, info) {
@@ -133,6 +381,7 @@ function showConnection(state, status, info) {
   const badge = state.card.querySelector(".connection");
   badge.dataset.state = name;
   badge.textContent = text;
+  if (status === "closed") clearTimeout(state.quietTimer);
 }
 
 function logLine(state, text, className) {
@@ -145,30 +394,46 @@ function logLine(state, text, className) {
   return line;
 }
 
-function showProgress(state, stage, seq, data) {
-  const stages = STAGES[state.job.domain] || [];
-  const index = stages.indexOf(stage);
-  const final = Boolean(data && data.final);
-  for (const chip of state.card.querySelectorAll(".stage")) {
-    const chipIndex = stages.indexOf(chip.dataset.stage);
-    chip.classList.toggle("done", chipIndex < index || final);
-    chip.classList.toggle("active", chipIndex === index && !final);
-  }
-  // The event says how far the job is; the page does not guess it from the stage, which put
-  // scan a stage behind and kept chat at 0 % through its whole answer. An event without a
-  // progress leaves the bar where it was, except the final one, which ends the job.
-  const reported = data ? data.progress : undefined;
-  let percent = state.progress;
-  if (typeof reported === "number" && Number.isFinite(reported)) {
-    percent = Math.min(100, Math.max(0, reported));
-  } else if (final) {
-    percent = 100;
-  }
+function setBar(state, percent) {
   state.progress = percent;
   const bar = state.card.querySelector("progress");
   bar.value = percent;
   bar.setAttribute("aria-valuenow", String(percent));
   state.card.querySelector(".percent").textContent = `${Math.round(percent)} %`;
+}
+
+function showProgress(state, stage, data) {
+  const final = Boolean(data && data.final);
+  const outcome = final ? String(data.state || "COMPLETED") : null;
+  if (!final) {
+    // The event's stage runs (a retry that was waiting started, if any); those before it are done.
+    if (!state.chips.has(stage)) addChip(state, stage);
+    const order = stageOrder(state);
+    const index = order.indexOf(stage);
+    order.forEach((name, chipIndex) => {
+      const chip = state.chips.get(name);
+      if (chipIndex < index && chip.dataset.state !== "COMPLETED") setChip(chip, "COMPLETED", "");
+      if (chipIndex === index && chip.dataset.state !== "RUNNING") setChip(chip, "RUNNING", "");
+      if (chipIndex <= index) clearFailure(state, name); // past, or its next attempt runs
+    });
+  } else if (outcome === "FAILED" || outcome === "CANCELLED") {
+    // Where it stopped: the failed stage (the final event says which), or the running one.
+    const where = outcome === "FAILED" && data.error && data.error.stage ? data.error.stage : null;
+    for (const [name, chip] of state.chips) {
+      if (name === where || (!where && chip.dataset.state === "RUNNING")) setChip(chip, outcome, STATE_WORDS[outcome]);
+    }
+  }
+  // The event says how far the job is; the page does not guess it from the stage, which put
+  // scan a stage behind and kept chat at 0 % through its whole answer. An event without a
+  // progress leaves the bar where it was, and so does the final event of a job that did not
+  // complete (it says 100: the job is over, not done); the final event of one that did ends it.
+  const reported = data ? data.progress : undefined;
+  if (final && outcome !== "COMPLETED") return;
+  if (typeof reported === "number" && Number.isFinite(reported)) {
+    setBar(state, Math.min(100, Math.max(0, reported)));
+  } else if (final) {
+    setBar(state, 100);
+  }
 }
 
 function showAnswer(state, text, gap) {
@@ -182,13 +447,233 @@ function showAnswer(state, text, gap) {
 function onEvent(state, frame) {
   const line = logLine(state, `#${frame.seq} ${frame.stage} ${JSON.stringify(frame.data)}`, "");
   line.dataset.seq = frame.seq;
-  showProgress(state, frame.stage, frame.seq, frame.data);
+  state.shownSeq = Math.max(state.shownSeq, frame.seq);
+  storeSeq(state.job.job_id, frame.seq);
+  showProgress(state, frame.stage, frame.data);
   showAnswer(state, (frame.data || {}).text, false);
+  const data = frame.data || {};
+  if (data.final === true) {
+    const outcome = String(data.state || "COMPLETED");
+    if (data.error && typeof data.error === "object") showFailure(state, null, data.error);
+    setJobState(state, outcome);
+    refreshDetail(state); // each stage's attempts, and the error that stopped it
+    return;
+  }
+  setJobState(state, "RUNNING");
+  state.quietDelay = QUIET_FIRST_MS;
+  expectQuiet(state);
 }
 
 function onReset(state, snapshot) {
   logLine(state, `reset (recovered: false): state ${JSON.stringify(snapshot)}`, "reset");
-  if (snapshot.stage) showProgress(state, snapshot.stage, snapshot.seq || 0, snapshot.data);
+  const seq = Number(snapshot.seq) || 0;
+  state.shownSeq = Math.max(state.shownSeq, seq);
+  storeSeq(state.job.job_id, seq);
+  if (snapshot.stage) showProgress(state, snapshot.stage, snapshot.data);
   // The chunks between the last one shown and the snapshot's are gone: the answer says so.
   showAnswer(state, (snapshot.data || {}).text, true);
+  if (ENDED.includes(snapshot.state)) setJobState(state, snapshot.state);
+  refreshDetail(state);
 }
+
+// -- a job's detail: its stages' states, attempts and errors --------------------------------------
+
+function expectQuiet(state) {
+  clearTimeout(state.quietTimer);
+  // Only a running job waits for a retry; a pending one's next news is its first event.
+  if (state.jobState !== "RUNNING") return;
+  state.quietTimer = setTimeout(async () => {
+    const answer = await refreshDetail(state);
+    state.quietDelay = Math.min(QUIET_MAX_MS, state.quietDelay * 2);
+    if (answer && answer.status === 429) state.quietDelay = Math.max(state.quietDelay, answer.retryAfter * 1000);
+    expectQuiet(state);
+  }, state.quietDelay);
+}
+
+async function refreshDetail(state) {
+  if (state.detailAsked) return null;
+  state.detailAsked = true;
+  const answer = await callApi(`/api/jobs/${encodeURIComponent(state.job.job_id)}/`);
+  state.detailAsked = false;
+  if (answer.ok && answer.body) showDetail(state, answer.body);
+  return answer;
+}
+
+function showDetail(state, detail) {
+  const latest = detail.latest_event && typeof detail.latest_event === "object" ? detail.latest_event : null;
+  const seq = latest ? Number(latest.seq) || 0 : 0;
+  const ended = ENDED.includes(detail.state);
+  // A live job's detail older than the events shown would undo them: the stream is newer.
+  if (!ended && seq < state.shownSeq) return;
+  if (detail.retry_of) showRetryOf(state, String(detail.retry_of));
+  if (latest && latest.data && seq >= state.shownSeq) {
+    state.shownSeq = Math.max(state.shownSeq, seq);
+    showProgress(state, String(latest.stage || ""), latest.data);
+  }
+  // A job that ended without completing, never watched here: how far it got is not known (its
+  // final event says 100), its stages say where it stopped; no bar rather than a wrong one.
+  const unwatched = state.card.querySelector(".log").children.length === 0;
+  state.card.querySelector(".bar").hidden = ended && detail.state !== "COMPLETED" && unwatched;
+  for (const stage of Array.isArray(detail.stages) ? detail.stages : []) showStage(state, stage, detail.state);
+  if (detail.error && typeof detail.error === "object") showFailure(state, null, detail.error);
+  setJobState(state, detail.state);
+}
+
+function showStage(state, stage, jobState) {
+  const name = String(stage.name);
+  const chip = state.chips.get(name) || addChip(state, name);
+  if (stage.label) chip.title = String(stage.label);
+  const attempts = Number(stage.attempts) || 0;
+  const error = stage.error && typeof stage.error === "object" ? stage.error : null;
+  switch (stage.state) {
+    case "COMPLETED":
+      setChip(chip, "COMPLETED", attempts > 1 ? `${attempts} attempts` : "");
+      break;
+    case "RUNNING":
+      setChip(chip, "RUNNING", attempts > 1 ? `attempt ${attempts}` : "");
+      break;
+    case "RETRYING":
+      // Attempt n failed; attempt n + 1 waits for its backoff.
+      setChip(chip, "RETRYING", `retrying: attempt ${attempts + 1}`);
+      break;
+    case "FAILED":
+      // The stage a cancel stopped has a failure on record (JobCancelled): it was cancelled.
+      if (jobState === "CANCELLED") setChip(chip, "CANCELLED", "cancelled");
+      else setChip(chip, "FAILED", attempts > 1 ? `failed after ${attempts} attempts` : "failed");
+      break;
+    default:
+      setChip(chip, "PENDING", "");
+  }
+  if (stage.state === "RETRYING" && error) showFailure(state, name, error, `attempt ${attempts} failed, attempt ${attempts + 1} waits`);
+  else if (stage.state === "FAILED" && error && jobState !== "CANCELLED") showFailure(state, name, error);
+  else clearFailure(state, name);
+}
+
+// One line per stage (or the job) that failed: what its error said, as text.
+function showFailure(state, stage, error, context) {
+  const notes = state.card.querySelector(".stage-notes");
+  const where = stage || error.stage || "";
+  let line = notes.querySelector(`li[data-stage="${CSS.escape(where)}"]`);
+  if (!line) {
+    line = document.createElement("li");
+    line.dataset.stage = where;
+    notes.append(line);
+  }
+  const type = error.type ? `${error.type}: ` : "";
+  const prefix = where ? `${where}${context ? ` (${context})` : " failed"}: ` : "The job failed: ";
+  line.className = context ? "retrying" : "failed";
+  line.textContent = `${prefix}${type}${error.message || ""}`;
+}
+
+function clearFailure(state, stage) {
+  const line = state.card.querySelector(`.stage-notes li[data-stage="${CSS.escape(stage)}"]`);
+  if (line) line.remove();
+}
+
+// -- cancel and retry ---------------------------------------------------------------------------
+
+async function cancelJob(state) {
+  const button = state.card.querySelector(".cancel");
+  button.disabled = true;
+  showProblem(state, "");
+  const answer = await callApi(`/api/jobs/${encodeURIComponent(state.job.job_id)}/cancel/`, { method: "POST" });
+  if (answer.ok) {
+    // A pending job is cancelled at once; a running one when its run next looks (its final
+    // event comes over the stream).
+    state.cancelling = true;
+    setJobState(state, (answer.body && answer.body.state) || state.jobState);
+    if (LIVE.includes(state.jobState)) {
+      state.card.querySelector(".job-state").textContent = "cancelling…";
+      announce(`${state.job.domain} job ${shortId(state.job.job_id)}: cancel requested`);
+    }
+    return;
+  }
+  showProblem(state, `Cancel refused: ${answer.problem}`);
+  button.disabled = false;
+  if (answer.status === 409) refreshDetail(state); // it ended meanwhile: show how
+}
+
+async function retryJob(state) {
+  const button = state.card.querySelector(".retry");
+  button.disabled = true;
+  showProblem(state, "");
+  // A new key per retry; the same one again when the last press got no answer (it may have
+  // made the retry: the server then answers with that one, not a second).
+  state.retryKey = state.retryKey || crypto.randomUUID();
+  showActionKey(state, state.retryKey);
+  const answer = await callApi(`/api/jobs/${encodeURIComponent(state.job.job_id)}/retry/`, {
+    method: "POST",
+    key: state.retryKey,
+  });
+  button.disabled = false;
+  if (answer.status === 0 || answer.status >= 500) {
+    showProblem(state, `Retry: ${answer.problem}. Press Retry again: the same Idempotency-Key is sent.`);
+    return;
+  }
+  state.retryKey = null;
+  if (answer.status !== 201 || !answer.body) {
+    showProblem(state, `Retry refused: ${answer.problem}`);
+    if (answer.status === 409) refreshDetail(state);
+    return;
+  }
+  const job = answer.body;
+  if (watched.has(job.job_id)) {
+    pointAt(watched.get(job.job_id));
+  } else {
+    const retry = addCard(Object.assign({ retry_of: state.job.job_id }, job), { first: true });
+    watch(retry);
+    announce(`${state.job.domain} job ${shortId(state.job.job_id)} retried as ${shortId(job.job_id)}`);
+  }
+}
+
+// -- the user's recent jobs ---------------------------------------------------------------------
+
+const moreButton = document.getElementById("more-jobs");
+const jobsStatus = document.getElementById("jobs-status");
+let nextPage = null;
+let listed = 0; // jobs the list brought (not those started here since)
+let listTotal = null; // the user's jobs when the list was asked
+
+async function loadJobs(url) {
+  moreButton.disabled = true;
+  const answer = await callApi(url);
+  moreButton.disabled = false;
+  if (!answer.ok || !answer.body || !Array.isArray(answer.body.results)) {
+    jobsStatus.textContent = `Your jobs could not be listed: ${answer.problem || "not a page of jobs"}`;
+    return;
+  }
+  for (const job of answer.body.results) {
+    listed += 1;
+    if (watched.has(job.job_id)) continue; // started from this page meanwhile
+    const state = addCard(job, { first: false });
+    if (LIVE.includes(state.jobState)) watch(state);
+    refreshDetail(state);
+  }
+  for (const state of watched.values()) {
+    if (state.job.retry_of) showRetryOf(state, String(state.job.retry_of)); // its old job listed later
+  }
+  // The next page's address as a path of this origin (DRF writes it absolute, with the host
+  // the request named).
+  nextPage = answer.body.next ? pathOf(answer.body.next) : null;
+  moreButton.hidden = nextPage === null;
+  listTotal = Number(answer.body.count) || 0;
+  showJobsStatus();
+}
+
+function showJobsStatus() {
+  if (listTotal === null) return; // the list has not answered yet
+  if (watched.size === 0) jobsStatus.textContent = "No jobs yet: start one above.";
+  else if (listTotal === 0) jobsStatus.textContent = "Newest first.";
+  else jobsStatus.textContent = `Newest first: ${listed} of ${listTotal} listed.`;
+}
+
+function pathOf(address) {
+  const url = new URL(address, window.location.href);
+  return url.pathname + url.search;
+}
+
+moreButton.addEventListener("click", () => {
+  if (nextPage) loadJobs(nextPage);
+});
+
+loadJobs(`/api/jobs/?page_size=${LIST_PAGE_SIZE}`);
