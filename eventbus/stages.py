@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import time
 import traceback
 from collections.abc import Callable
@@ -23,6 +22,8 @@ from typing import Any
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db.models import F
 from django.utils import timezone
+
+from idempotency.services import json_holds_nul
 
 from . import metrics
 from .jobtypes import FINAL_STAGE, JobCancelled, JobFailed, JobType, PlannedStage, StageTimeout
@@ -35,9 +36,6 @@ logger = logging.getLogger(__name__)
 # traceback as staff see it (the admin), at most this long.
 MAX_ERROR_MESSAGE = 1_000
 MAX_TRACEBACK = 20_000
-# A NUL character in JSON text: "\u0000" after an even number of backslashes (each pair is an
-# escaped backslash). PostgreSQL's jsonb refuses it; SQLite stores it.
-_JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
 class RunStopped(Exception):
@@ -259,7 +257,7 @@ def recorded(stage: str, result):
 
 def _refuse_nul(stage: str, what: str, text: str) -> None:
     """One answer on every database for a NUL in what a stage records: its job fails, clearly."""
-    if "\\u0000" in text and _JSON_NUL.search(text):
+    if json_holds_nul(text):
         raise TypeError(
             f"Stage {stage!r}: its {what} holds a NUL character (\\u0000), which not every "
             "database stores (PostgreSQL's jsonb refuses it)"
@@ -350,14 +348,11 @@ def _record_failure(operation, stage: str, exc: Exception, *, retry_in: float | 
         )
 
 
-def recorded_failure(operation) -> dict | None:
-    """The failure kept on the job's unfinished stage that failed last (describe()'s shape), or None."""
-    record = (
-        StageRecord.objects.filter(operation=operation, finished_at__isnull=True, error_type__isnull=False)
-        .order_by("-failed_at")
-        .only("stage", "error_type", "error_message")
-        .first()
-    )
-    if record is None:
+def recorded_failure(records) -> dict | None:
+    """The failure kept on the job's unfinished stage that failed last (describe()'s shape), or
+    None; `records` are the job's stage records, as the caller read them already."""
+    failed = [r for r in records if r.finished_at is None and r.error_type is not None]
+    if not failed:
         return None
+    record = max(failed, key=lambda r: r.failed_at)
     return {"stage": record.stage, "type": record.error_type, "message": record.error_message or ""}

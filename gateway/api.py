@@ -108,17 +108,18 @@ class JobDetailView(JobsView):
         latest = latest_event(operation.domain, str(operation.op_id))
         # What the job's row does not hold, set on it for the serializer.
         operation.latest_event = latest
-        operation.error = job_error(operation, latest)
-        operation.stages = job_stages(operation, stage_records(operation))
+        records = stage_records(operation)  # one query: the stages and the job's error come from it
+        operation.error = job_error(operation, latest, records)
+        operation.stages = job_stages(operation, records)
         return Response(JobDetailSerializer(operation, context={"request": request}).data)
 
 
-def job_error(operation, latest: dict | None) -> dict | None:
+def job_error(operation, latest: dict | None, records) -> dict | None:
     """Why a FAILED job failed: {"stage", "type", "message"}, from the stage's record (stage
     None: it failed outside any stage, and only its final event, while Redis keeps it, says why)."""
     if operation.state != Operation.State.FAILED:
         return None
-    failure = recorded_failure(operation)
+    failure = recorded_failure(records)
     if failure is None and latest is not None:
         data = latest.get("data")
         if isinstance(data, dict) and data.get("final") is True and isinstance(data.get("error"), dict):

@@ -21,6 +21,12 @@ from .models import Operation
 _NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
+def json_holds_nul(text: str) -> bool:
+    """Whether JSON text (as json.dumps writes it) holds a NUL character: PostgreSQL's jsonb and
+    text refuse one, SQLite stores it, so nothing that holds one is stored anywhere."""
+    return "\\u0000" in text and _NUL_ESCAPE.search(text) is not None
+
+
 class InvalidCommand(BadRequest, ValueError):
     """A command no database stores alike: a NUL character (SQLite keeps it, PostgreSQL's text
     and jsonb refuse it), NaN or infinity, or a payload nested too deep to serialise. A BadRequest, so that a
@@ -109,5 +115,5 @@ def _check_storable(command: Command) -> None:
         raise InvalidCommand(
             "The command's payload holds a number JSON cannot carry (NaN or infinity)."
         ) from None
-    if "\\u0000" in serialised and _NUL_ESCAPE.search(serialised):
+    if json_holds_nul(serialised):
         raise InvalidCommand("The command's payload holds a NUL character (\\u0000).")
