@@ -4,6 +4,9 @@ from django.utils import timezone
 
 from idempotency.models import Operation
 
+# A stage's states, as StageRecord.state names them; PENDING is a declared stage with no record.
+STAGE_STATES = ("PENDING", "RUNNING", "RETRYING", "COMPLETED", "FAILED")
+
 
 class StageRecord(models.Model):
     """One stage of one job: how many runs started it and, once it finished, its result and

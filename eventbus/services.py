@@ -11,7 +11,6 @@ under the same key are one job. Both enqueue the run after the transaction commi
 
 from __future__ import annotations
 
-import importlib
 import logging
 from datetime import datetime, timedelta
 
@@ -26,6 +25,7 @@ from idempotency.services import Command, accept
 from . import cancellation, jobtypes, lifecycle, metrics
 from .exceptions import JobEnded, JobNotRetryable
 from .jobtypes import InvalidPayload, JobType, UnknownJobType
+from .limits import check_running_cap
 from .models import StageRecord
 
 logger = logging.getLogger(__name__)
@@ -185,17 +185,11 @@ def _key(key: str | IdemKey) -> IdemKey:
 
 
 def _check_running_cap(owner, scope: str, idem_key: IdemKey) -> None:
-    """The owner's running-jobs cap (eventbus.limits, when installed), for a new job only: a
-    replay of a key gets its job whatever the cap."""
-    try:
-        limits = importlib.import_module("eventbus.limits")
-    except ModuleNotFoundError as exc:
-        if exc.name != "eventbus.limits":
-            raise
-        return
+    """The owner's running-jobs cap (eventbus.limits), for a new job only: a replay of a key gets
+    its job whatever the cap."""
     if owner is None or Operation.objects.filter(scope=scope, idem_key=idem_key.value).exists():
         return
-    limits.check_running_cap(owner)
+    check_running_cap(owner)
 
 
 def _run_is_live(operation: Operation) -> bool:

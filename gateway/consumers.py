@@ -41,8 +41,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from eventbus.conf import eventbus_settings
 from eventbus.entries import MAX_SEQ, MAX_SEQ_DIGITS
+from eventbus.lifecycle import FINAL_STATES
 from eventbus.selectors import job_channel
-from idempotency.models import Operation
 
 from . import eager
 from .backoff import retrying
@@ -59,14 +59,7 @@ BAD_REQUEST, NOT_LOGGED_IN, NOT_FOUND, TOO_SLOW = 4400, 4401, 4404, 4008
 # A lost or refused database connection (database_sync_to_async drops it: the next try gets a new one).
 DATABASE_AWAY = (OperationalError, InterfaceError)
 # The job's outcome is known (its final event carries it too, if it was published).
-ENDED = frozenset(
-    {
-        Operation.State.COMPLETED.value,
-        Operation.State.FAILED.value,
-        Operation.State.TIMED_OUT.value,
-        Operation.State.CANCELLED.value,
-    }
-)
+ENDED = frozenset(state.value for state in FINAL_STATES)
 
 
 class RefuseConnection(Exception):

@@ -14,6 +14,7 @@ import uuid
 from rest_framework import serializers
 
 from eventbus.jobtypes import registry
+from eventbus.models import STAGE_STATES
 from eventbus.selectors import job_stages as selected_job_stages
 from idempotency.models import Operation
 
@@ -82,11 +83,6 @@ class JobFilterSerializer(serializers.Serializer):
 
 
 # -- jobs as the API shows them -----------------------------------------------------------------
-
-PENDING, RUNNING, COMPLETED, FAILED = "PENDING", "RUNNING", "COMPLETED", "FAILED"
-# A stage's states: PENDING (no record: not started), RUNNING, RETRYING (a retry is waiting),
-# COMPLETED, FAILED.
-STAGE_STATES = (PENDING, RUNNING, "RETRYING", COMPLETED, FAILED)
 
 
 def ws_url(operation, request) -> str:

@@ -383,10 +383,8 @@ def test_start_job_and_the_jobs_api_share_the_owners_keys(broker, api_client, us
 def test_the_running_cap_of_eventbus_limits_refuses_new_jobs_not_replays(
     broker, api_client, user, tmp_path, monkeypatch
 ):
-    """eventbus.limits (the API work's) is called for a new job only: 429 with Retry-After."""
-    import sys
-    import types
-
+    """eventbus.limits's cap is checked for a new job only: 429 with Retry-After."""
+    from eventbus import services
     from eventbus.exceptions import JobLimitReached
 
     capped = []
@@ -396,9 +394,7 @@ def test_the_running_cap_of_eventbus_limits_refuses_new_jobs_not_replays(
         if len(capped) > 1:
             raise JobLimitReached(retry_after=7)
 
-    monkeypatch.setitem(
-        sys.modules, "eventbus.limits", types.SimpleNamespace(check_running_cap=check_running_cap)
-    )
+    monkeypatch.setattr(services, "check_running_cap", check_running_cap)
     payload = flaky_payload(tmp_path)
     body = {"domain": "flaky", "payload": payload}
     first = api_client.post("/api/jobs/", body, format="json", HTTP_IDEMPOTENCY_KEY="cap-1")
