@@ -1,13 +1,12 @@
 """The Celery app; its settings are the CELERY_* names in Django's settings."""
 
-import os
-
 from celery import Celery
 from celery.signals import worker_process_shutdown
 
-# A server of a deployment that forgot DJANGO_SETTINGS_MODULE runs with DEBUG off (and refuses
-# to start without DJANGO_SECRET_KEY); `make run` and manage.py choose the dev settings.
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.production")
+# No default settings module here. This module is imported with the `config` package (its
+# __init__), before any entry point's own default: `python -m config.stack` (make run) and
+# manage.py choose the dev settings, config.asgi (the web server) production, and a worker
+# started without DJANGO_SETTINGS_MODULE refuses to start rather than run on either.
 
 app = Celery("config")
 app.config_from_object("django.conf:settings", namespace="CELERY")

@@ -121,11 +121,11 @@ def test_a_test_run_leaves_no_sqlite_files_in_run_dir(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("test-")) == []
 
 
-@pytest.mark.parametrize("entry_point", ["config.asgi", "config.celery"])
+@pytest.mark.parametrize("entry_point", ["config.asgi"])
 def test_a_server_started_without_settings_gets_production_not_debug(entry_point):
-    """The web and worker entry points of a deployment that forgot DJANGO_SETTINGS_MODULE load
-    the production settings (DEBUG off), which refuse to start without their secret key, instead
-    of the development ones (DEBUG on, a public SECRET_KEY)."""
+    """The web entry point of a deployment that forgot DJANGO_SETTINGS_MODULE loads the
+    production settings (DEBUG off), which refuse to start without their secret key, instead of
+    the development ones (DEBUG on, a public SECRET_KEY)."""
     env = environment()
     env.pop("DJANGO_SETTINGS_MODULE", None)
     env.pop("DJANGO_SECRET_KEY", None)
@@ -143,3 +143,16 @@ def test_a_server_started_without_settings_gets_production_not_debug(entry_point
     done = run()
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False", "config.settings.production"]
+
+
+def test_a_worker_started_without_settings_refuses_to_start():
+    """`celery -A config worker` without DJANGO_SETTINGS_MODULE: Django's clear refusal, not the
+    dev settings (DEBUG on, a public SECRET_KEY)."""
+    env = environment()
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    code = "import config.celery; from django.conf import settings; print(settings.DEBUG)"
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=BASE_DIR, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode != 0
+    assert "ImproperlyConfigured" in done.stderr and "DJANGO_SETTINGS_MODULE" in done.stderr

@@ -52,7 +52,7 @@ class Stack:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.starts = 0
-        # Nothing of the test run's: the stack starts its own Redis and database, in dev settings.
+        # Nothing of the test run's: the stack starts its own Redis and database, and picks its settings.
         env = {
             k: v
             for k, v in os.environ.items()
@@ -64,10 +64,11 @@ class Stack:
                 "TEST_DATABASE_NAME",
                 "PROMETHEUS_MULTIPROC_DIR",
                 "prometheus_multiproc_dir",
+                # As `make run` runs it: the stack chooses its own settings (dev).
+                "DJANGO_SETTINGS_MODULE",
             )
         }
         env.update(
-            DJANGO_SETTINGS_MODULE="config.settings.dev",
             RUN_DIR=str(self.run_dir),
             DATABASE_URL=f"sqlite:///{root / 'db.sqlite3'}",
             WEB_PORT=str(self.port),
