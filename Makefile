@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.bench-installed
 
-.PHONY: run test lint setup redis browser bench bench-gateway bench-cluster chaos clean
+.PHONY: run test lint setup redis browser bench bench-gateway bench-cluster chaos clean matrix test-newest smoke-newest
 
 $(STAMP): requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -84,5 +84,20 @@ chaos: setup
 smoke: setup
 	PYTHON=$(PY) bash tests/smoke/run_smoke.sh
 
+# The version matrix (noxfile.py; README "Supported versions"): every Django on every Python, the
+# dependencies' oldest and newest releases in range, the adapters' public-API fallbacks, the
+# smoke test on the newest releases. Run before each release; about two hours on 2 cores.
+# One leg: make matrix NOX_ARGS='-s "tests(py3.13-django6.1)"'.
+matrix: setup browser
+	$(VENV)/bin/nox $(NOX_ARGS)
+
+# The legs .ci/run adds to `make test`: the suite on the newest Django and Python with the newest
+# releases in range (deprecations are errors there), and the smoke test on the same.
+test-newest: setup browser
+	$(VENV)/bin/nox -s "tests(py3.13-django6.1)" -- $(PYTEST_ARGS)
+
+smoke-newest: setup
+	$(VENV)/bin/nox -s smoke
+
 clean:
-	rm -rf $(VENV) .run db.sqlite3
+	rm -rf $(VENV) .nox .run db.sqlite3

@@ -224,8 +224,13 @@ class OperationAdmin(admin.ModelAdmin):
     def has_add_permission(self, request):
         return False
 
-    def get_actions(self, request):
-        actions = super().get_actions(request)
+    def get_actions(self, request, action_location=None):
+        # Django 6.1 says where the actions show (change list or change form) and deprecates an
+        # override without the parameter; 5.2 and 6.0 have no such parameter.
+        if action_location is None:
+            actions = super().get_actions(request)
+        else:
+            actions = super().get_actions(request, action_location=action_location)  # type: ignore[call-arg]
         if not apps.is_installed("eventbus"):  # the jobs' services are the event bus's
             actions.pop("cancel_jobs", None)
             actions.pop("retry_jobs", None)

@@ -30,6 +30,27 @@ def pytest_sessionfinish(session, exitstatus):
         Path(f"{name}{suffix}").unlink(missing_ok=True)
 
 
+def pytest_report_header(config):
+    """Each leg of the version matrix (noxfile.py) says what it runs on."""
+    import django
+
+    from idempotency.adapters import ENVIRONMENT_VARIABLE, forced_off
+
+    database = "PostgreSQL" if os.environ.get("DATABASE_URL", "").startswith("postgres") else "SQLite"
+    internals = "off (public APIs only)" if forced_off() else "on where the release is tested"
+    return f"Django {django.get_version()} on {database}; library internals ({ENVIRONMENT_VARIABLE}): {internals}"
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The path each adapter took in this process (idempotency.adapters): the matrix's proof that
+    its public-API leg ran the fallbacks."""
+    from idempotency.adapters import adapters_in_use
+
+    used = adapters_in_use()
+    if used:
+        terminalreporter.write_line("adapters: " + ", ".join(f"{name}={path}" for name, path in used.items()))
+
+
 @pytest.fixture(scope="session")
 def private_redis():
     """The session's private server (None when REDIS_URL names one of yours)."""

@@ -61,7 +61,6 @@ CONSTRAINTS=()
 if [ "${SMOKE_PINS:-1}" != 0 ]; then
     # The demo's tested pins, as constraints (pip refuses extras there: `redis[hiredis]` -> `redis`).
     sed -E 's/\[[^]]*\]//' "$REPO/requirements.txt" > "$WORK/constraints.txt"
-    grep -E '^websockets==' "$REPO/requirements-dev.txt" >> "$WORK/constraints.txt"
     # The README's install line's whitenoise: the project's choice, in no requirements file.
     echo "whitenoise==6.12.0" >> "$WORK/constraints.txt"
     CONSTRAINTS=(-c "$WORK/constraints.txt")
