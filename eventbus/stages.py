@@ -23,7 +23,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db.models import F
 from django.utils import timezone
 
-from idempotency.services import json_holds_nul
+from idempotency.jsontext import json_holds_nul, nested_deeper_than
 
 from . import metrics
 from .jobtypes import FINAL_STAGE, JobCancelled, JobFailed, JobType, PlannedStage, StageTimeout
@@ -251,6 +251,10 @@ def recorded(stage: str, result):
         raise TypeError(
             f"Stage {stage!r} must return JSON-serialisable data (it is recorded): {exc}"
         ) from exc
+    if nested_deeper_than(result, text):
+        raise TypeError(
+            f"Stage {stage!r} must return JSON-serialisable data (it is recorded): nested too deep"
+        )
     _refuse_nul(stage, "result", text)
     return json.loads(text)
 

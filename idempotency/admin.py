@@ -230,7 +230,7 @@ class OperationAdmin(admin.ModelAdmin):
         if action_location is None:
             actions = super().get_actions(request)
         else:
-            actions = super().get_actions(request, action_location=action_location)  # type: ignore[call-arg]
+            actions = super().get_actions(request, action_location=action_location)
         if not apps.is_installed("eventbus"):  # the jobs' services are the event bus's
             actions.pop("cancel_jobs", None)
             actions.pop("retry_jobs", None)

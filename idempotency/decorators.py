@@ -15,6 +15,7 @@ from .conf import idempotency_settings
 from .exceptions import IdempotencyInProgress, IdempotencyKeyMismatch
 from .execution import run_leased, transaction_aliases
 from .fingerprint import call_fingerprint
+from .jsontext import MAX_JSON_DEPTH, nested_deeper_than
 from .keys import IdemKey, InvalidKey
 from .policy import ATTRIBUTE, REQUIRED, ViewPolicy
 from .responses import StoredResponse
@@ -189,9 +190,15 @@ def call_key(value, func) -> IdemKey:
 
 def _stored_result(result) -> StoredResponse:
     try:
-        body = json.dumps(result).encode()
+        text = json.dumps(result)
     except (TypeError, ValueError, RecursionError) as exc:  # ValueError: a cycle
         raise TypeError(
             f"An @idempotent function must return JSON-serialisable data, not nested too deep: {exc}"
         ) from None
+    if nested_deeper_than(result, text):
+        raise TypeError(
+            f"An @idempotent function must return JSON-serialisable data, not nested too deep "
+            f"(more than {MAX_JSON_DEPTH} levels)."
+        )
+    body = text.encode()
     return StoredResponse(200, (("Content-Type", "application/json"),), body)

@@ -20,8 +20,9 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 
-from django.db import connections, router, transaction
+from django.db import router, transaction
 
+from .adapters.django import atomic_request_databases
 from .exceptions import LeaseLost
 from .heartbeat import keeper
 from .keys import IdemKey
@@ -46,8 +47,7 @@ class IdempotencyContext:
 def transaction_aliases(view_func, *, atomic: bool) -> list[str]:
     """The databases the work runs in a transaction on: those with ATOMIC_REQUESTS (as
     Django's handler would wrap the view), plus the store's when `atomic` is asked for."""
-    non_atomic: set[str] = getattr(view_func, "_non_atomic_requests", set())
-    aliases = [a for a, s in connections.settings.items() if s.get("ATOMIC_REQUESTS") and a not in non_atomic]
+    aliases = atomic_request_databases(view_func)
     if atomic:
         record_alias = router.db_for_write(IdempotencyRecord)
         if record_alias not in aliases:

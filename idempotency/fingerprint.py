@@ -8,6 +8,10 @@ middleware's process_view. The body stays readable for the view:
   the view reads as if nobody had (memory stays bounded, uploaded files included);
 - a multipart form that an earlier check parsed already (the CSRF check, DRF's session
   authentication) is fingerprinted from its parsed fields and files.
+What was read of the body, and the stream, are Django's request internals: they sit in
+idempotency.adapters.django (`request_body`), whose fallback on Django's public API cannot
+rewind a stream, so it parses a large multipart form instead and refuses another large body
+as `request.body` does (that module says the trade).
 
 Canonical forms, so that a retry that means the same matches: JSON bodies held in memory are
 re-serialised with sorted keys; a multipart body's random boundary is replaced by a constant
@@ -19,11 +23,13 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import tempfile
 from collections.abc import Iterable, Iterator
 from urllib.parse import parse_qsl, urlencode
 
 from django.conf import settings
+
+from .adapters.django import Body, request_body
+from .jsontext import nested_deeper_than
 
 CHUNK = 64 * 1024
 # Bodies above this are hashed as a stream when DATA_UPLOAD_MAX_MEMORY_SIZE is None (no limit).
@@ -88,45 +94,6 @@ def _memory_limit() -> int:
     return DEFAULT_MEMORY_LIMIT if limit is None else limit
 
 
-def _fits_in_memory(request) -> bool:
-    stream = request._stream
-    if hasattr(stream, "seekable") and stream.seekable():
-        # ASGI: Django spooled the body already; its real size counts (a chunked request
-        # declares none).
-        start = stream.tell()
-        size = stream.seek(0, 2) - start
-        stream.seek(start)
-    else:
-        try:
-            size = int(request.META.get("CONTENT_LENGTH") or 0)
-        except ValueError:
-            return False
-    return size <= _memory_limit()
-
-
-def _hash_stream(request, digest, content_type: str) -> None:
-    """Hash the unread stream in chunks and leave an equivalent unread stream in its place."""
-    stream = request._stream
-    seekable = hasattr(stream, "seekable") and stream.seekable()
-    # ASGI spooled the body already: rewind it after. WSGI's is one pass: keep a spooled copy.
-    start = stream.tell() if seekable else 0
-    copy = None if seekable else tempfile.SpooledTemporaryFile(max_size=_memory_limit())  # noqa: SIM115 (it becomes the request's stream)
-
-    def chunks():
-        while chunk := stream.read(CHUNK):
-            if copy is not None:
-                copy.write(chunk)
-            yield chunk
-
-    for part in canonical_chunks(chunks(), content_type):
-        digest.update(part)
-    if copy is None:
-        stream.seek(start)
-    else:
-        copy.seek(0)
-        request._stream = copy
-
-
 def _file_digest(upload) -> str:
     digest = hashlib.sha256()
     upload.seek(0)
@@ -137,7 +104,8 @@ def _file_digest(upload) -> str:
 
 
 def _parsed_form(request) -> Iterator[bytes]:
-    """A form that code before the middleware parsed (its stream is gone): fields, then files."""
+    """A form parsed before (by code before the middleware, or on the request adapter's fallback
+    by the fingerprint itself; its stream is gone): fields, then files."""
     yield canonical_json(sorted((k, v) for k in request.POST for v in request.POST.getlist(k)))
     for name in sorted(request.FILES):
         for upload in request.FILES.getlist(name):
@@ -148,22 +116,22 @@ def body_digest(request) -> bytes:
     """The SHA-256 of the request's canonical body, leaving the body readable for the view."""
     content_type = request.META.get("CONTENT_TYPE", "")
     digest = hashlib.sha256()
-    if hasattr(request, "_body"):
-        digest.update(canonical_body(request._body, content_type))
-    elif not request._read_started:
-        if _fits_in_memory(request):
-            digest.update(canonical_body(request.body, content_type))
-        else:
-            _hash_stream(request, digest, content_type)
-    elif hasattr(request, "_post"):
+    body = request_body(request, _memory_limit, CHUNK)
+    if isinstance(body, bytes):
+        digest.update(canonical_body(body, content_type))
+    elif body is Body.FORM:
         for part in _parsed_form(request):
             digest.update(len(part).to_bytes(8, "big") + part)
-    else:
+    elif body is Body.GONE:
         raise BodyUnavailable(
             "The request body was read as a stream before the idempotency middleware could "
             "fingerprint it: code that reads it must run after IdempotencyMiddleware.process_view "
             "(request.body and request.POST are fine)."
         )
+    else:
+        # Too large for memory: hashed as it is read, and left unread for the view.
+        for part in canonical_chunks(body, content_type):
+            digest.update(part)
     return digest.digest()
 
 
@@ -182,8 +150,12 @@ def request_fingerprint(request) -> str:
 
 
 def call_fingerprint(args: tuple, kwargs: dict) -> str:
+    arguments = [list(args), kwargs]
     try:
-        return hashlib.sha256(canonical_json([list(args), kwargs])).hexdigest()
+        text = canonical_json(arguments)
     except RecursionError:
-        # A clear error instead: arguments have no raw bytes to fall back on.
-        raise ValueError("The arguments are nested too deep to fingerprint.") from None
+        text = None
+    # A clear error instead: arguments have no raw bytes to fall back on.
+    if text is None or nested_deeper_than(arguments, text):
+        raise ValueError("The arguments are nested too deep to fingerprint.")
+    return hashlib.sha256(text).hexdigest()

@@ -2,13 +2,16 @@
 
 Django middleware runs before DRF authenticates a request, so for a DRF view the resolver
 authenticates it here with the view's own authenticators, then hands the result to DRF
-(the way DRF's test client forces authentication) so that it is not done twice.
+(the way DRF's test client forces authentication) so that it is not done twice: DRF's
+internals, in idempotency.adapters.drf (`hand_over_authentication`; on its fallback the view
+authenticates the request again).
 """
 
 from __future__ import annotations
 
 from django.core.exceptions import ImproperlyConfigured
 
+from .adapters.drf import hand_over_authentication
 from .conf import idempotency_settings
 
 
@@ -40,8 +43,7 @@ def authenticate(request, view_func):
     except APIException:
         return None
     if user is not None and user.is_authenticated:
-        request._force_auth_user = user
-        request._force_auth_token = drf_request.auth
+        hand_over_authentication(request, user, drf_request.auth)
     return user
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -13,18 +12,9 @@ from django.core.exceptions import BadRequest
 from django.db import IntegrityError, transaction
 
 from .exceptions import IdempotencyKeyMismatch
+from .jsontext import json_holds_nul, nested_deeper_than
 from .keys import IdemKey
 from .models import Operation
-
-# A NUL as json.dumps writes it: \u0000 after an even number of backslashes. After an odd
-# number it is the text backslash-u0000 (six plain characters, which every database holds).
-_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
-
-
-def json_holds_nul(text: str) -> bool:
-    """Whether JSON text (as json.dumps writes it) holds a NUL character: PostgreSQL's jsonb and
-    text refuse one, SQLite stores it, so nothing that holds one is stored anywhere."""
-    return "\\u0000" in text and _NUL_ESCAPE.search(text) is not None
 
 
 class InvalidCommand(BadRequest, ValueError):
@@ -115,5 +105,7 @@ def _check_storable(command: Command) -> None:
         raise InvalidCommand(
             "The command's payload holds a number JSON cannot carry (NaN or infinity)."
         ) from None
+    if nested_deeper_than(command.payload, serialised):
+        raise InvalidCommand("The command's payload is nested too deep to store.")
     if json_holds_nul(serialised):
         raise InvalidCommand("The command's payload holds a NUL character (\\u0000).")

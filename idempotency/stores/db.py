@@ -20,6 +20,8 @@ from datetime import datetime, timedelta
 
 from django.db import IntegrityError, connections, router, transaction
 
+from ..adapters.django import ends_transaction, in_transaction
+from ..adapters.psycopg import literals
 from ..models import IdempotencyRecord
 from ..responses import StoredResponse
 from .base import Acquisition, BaseStore, Lease, Outcome
@@ -91,27 +93,6 @@ class Claim:
     now: datetime
     replaces: Found | None  # a record the answer takes over (FAILED, dead lease, expired)
     using: str  # the database whose transaction holds the key
-
-
-def _literals(connection, values) -> tuple[str, ...]:
-    """`values` as SQL literals for `connection` (Django's): a message of several statements
-    takes the simple query protocol, which has no parameters, so psycopg quotes the values.
-    One psycopg Transformer per connection, kept on Django's wrapper (a thread's own):
-    psycopg.sql.quote() builds one per value, 3.5x the CPU."""
-    from psycopg.adapt import Transformer
-
-    raw = connection.connection
-    kept = getattr(connection, "_idempotency_transformer", None)
-    if kept is None or kept[0] is not raw:  # none yet, or Django reconnected since
-        kept = connection._idempotency_transformer = (raw, Transformer(raw))
-    transformer, encoding = kept[1], raw.info.encoding
-    return tuple(transformer.as_literal(value).decode(encoding) for value in values)
-
-
-def _ends_transaction(connection) -> bool:
-    """Whether the transaction Django has open on `connection` is one outermost atomic block
-    that Django will commit on exit: then the last statement may carry the COMMIT itself."""
-    return len(connection.atomic_blocks) == 1 and connection.commit_on_exit
 
 
 def _columns(names) -> list[str]:
@@ -230,12 +211,13 @@ class DatabaseStore(BaseStore):
         the lock, the second read is the one that counts: its snapshot follows the lock, so it
         sees the answer of a request that held the lock and committed while the first statement
         ran (whose snapshot came before its lock), and the work never runs twice. Two statements
-        in one message take the simple query protocol (see _literals)."""
+        in one message take the simple query protocol, without parameters: psycopg quotes the
+        values (idempotency.adapters.psycopg.literals)."""
         now = self.now()
         connection = connections[using]
         with connection.cursor() as cursor:
             values = (State.COMPLETED, now, lock_id(scope, key), scope, key, scope, key)
-            cursor.execute(_sql()[0] % _literals(connection, values))
+            cursor.execute(_sql()[0] % literals(connection, values))
             locked, *row = cursor.fetchone()
             found = _found(row)
             if (
@@ -268,9 +250,10 @@ class DatabaseStore(BaseStore):
         replaces, decides): the caller rolls the work back, and the transaction is aborted.
 
         `last`: nothing else runs in the transaction after this, on any database. Then, when
-        Django is about to commit it (see _ends_transaction), the INSERT carries the COMMIT in
-        its own message, one round trip fewer: psycopg's commit() finds the transaction ended
-        and sends nothing. When the INSERT fails, the COMMIT in its message does not run."""
+        Django is about to commit it (idempotency.adapters.django.ends_transaction: Django's
+        internals, always False on its fallback), the INSERT carries the COMMIT in its own
+        message, one round trip fewer: psycopg's commit() finds the transaction ended and sends
+        nothing. When the INSERT fails, the COMMIT in its message does not run."""
         lease, stored = claim.lease, response is not None
         fields = {
             "scope": lease.scope,
@@ -293,8 +276,8 @@ class DatabaseStore(BaseStore):
         # on every first request.
         fields["response_headers"] = json.dumps(fields["response_headers"])
         connection = connections[claim.using]
-        insert = _sql()[1] % _literals(connection, [fields[name] for name in ANSWER_FIELDS])
-        if last and _ends_transaction(connection):
+        insert = _sql()[1] % literals(connection, [fields[name] for name in ANSWER_FIELDS])
+        if last and ends_transaction(connection):
             insert += "; COMMIT"
         try:
             with connection.cursor() as cursor:
@@ -330,7 +313,7 @@ class DatabaseStore(BaseStore):
         savepoint so that the transaction stays usable after the conflict; in autocommit the
         INSERT is a transaction by itself, and BEGIN/COMMIT would only add two round trips."""
         using = router.db_for_write(IdempotencyRecord)
-        if transaction.get_connection(using).in_atomic_block:
+        if in_transaction(using):
             with transaction.atomic(using=using):
                 IdempotencyRecord.objects.using(using).create(**fields)
         else:

@@ -18,6 +18,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from idempotency.decorators import idempotency_key
+from idempotency.jsontext import nested_deeper_than
 from idempotency.models import Operation
 from tests.postgres import kill_own_backend
 
@@ -233,6 +234,8 @@ def parse_json(request):
         data = json.loads(request.body)
     except (ValueError, RecursionError):
         raise BadRequest("The body is not JSON this view can read.") from None
+    if nested_deeper_than(data, request.body.decode()):  # Python 3.12+ parses 5,000 levels
+        raise BadRequest("The body is nested too deep for this view.")
     return JsonResponse({"n": executed("parse-json"), "keys": sorted(data)}, status=201)
 
 
