@@ -879,7 +879,7 @@ def render(results: dict, args, info: dict) -> tuple[str, list[str]]:
     if not any(lookups.values()):
         out.append(
             "COMMAND GETKEYS: none, on any master in any phase: the bus sends each master its script calls "
-            "itself (eventbus.scripts._execute_on_cluster) and the router reads each master's streams in a "
+            "itself (eventbus.adapters.redis._execute_on_cluster) and the router reads each master's streams in a "
             "pipeline of its own (eventbus.router._read_cluster), so redis-py's cluster pipeline no longer "
             "asks a node the keys of every EVALSHA and XREADGROUP."
         )
@@ -888,7 +888,7 @@ def render(results: dict, args, info: dict) -> tuple[str, list[str]]:
             f"COMMAND GETKEYS: {lookups['publish']:,} at depth 1, {lookups['batched']:,} in {batched}, "
             f"{lookups['route']:,} while routing, where 0 is expected: some calls still went through redis-py's "
             "cluster pipeline (which asks a node the keys of every EVALSHA and XREADGROUP it queues), instead "
-            "of straight to their master (eventbus.scripts._execute_on_cluster, eventbus.router._read_cluster)."
+            "of straight to their master (eventbus.adapters.redis._execute_on_cluster, eventbus.router._read_cluster)."
         )
     idle = [rate for t in topologies for phase in ("publish", "batched") for rate in t[phase]["idle"]]
     out += [

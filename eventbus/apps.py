@@ -12,3 +12,8 @@ class EventbusConfig(AppConfig):
 
         # Job types registered with @register live in the apps' `jobs` modules.
         autodiscover_modules("jobs")
+
+        # A Celery worker started in this process gets the pool's guard (eventbus.adapters.celery).
+        from .adapters import celery as celery_adapter
+
+        celery_adapter.connect()

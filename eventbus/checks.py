@@ -129,3 +129,27 @@ def check_ttls(app_configs=None, **kwargs):
             )
         )
     return errors
+
+
+# The gateway listens to a cluster's job channels with sharded pub/sub (SSUBSCRIBE per node),
+# which redis-py's asyncio client has from 8.0 on; the rest of the toolkit runs on 5.0.1 and later.
+CLUSTER_REDIS_PY = (8, 0)
+
+
+@register()
+def check_cluster_client(app_configs=None, **kwargs):
+    """EVENTBUS['CLUSTER'] with a redis-py too old for the gateway's sharded pub/sub."""
+    from idempotency.adapters import installed
+
+    release = installed("redis")
+    if not eventbus_settings.CLUSTER or release is None or release >= CLUSTER_REDIS_PY:
+        return []
+    return [
+        Error(
+            f"EVENTBUS['CLUSTER'] needs redis-py >= {'.'.join(map(str, CLUSTER_REDIS_PY))} (its asyncio "
+            f"client's sharded pub/sub, which the gateway listens with); redis-py "
+            f"{'.'.join(map(str, release))} is installed.",
+            hint='pip install "redis[hiredis]>=8.0,<8.2"',
+            id="eventbus.E010",
+        )
+    ]

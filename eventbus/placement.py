@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from redis.exceptions import ResponseError
 
+from .adapters.redis import follow_moved_slots, node_of_slot
 from .delivery import streams_for
 from .redis import is_cluster
 
@@ -175,7 +176,7 @@ def balance(client, domains=None, *, dry_run: bool = False) -> list[Move]:
         moves.append(Move(place.stream, slot, place.master, target, keys))
         logger.info("shard %s (slot %d): %s -> %s, %d key(s)", place.stream, slot, place.master, target, keys)
     if moves and not dry_run:
-        client.nodes_manager.initialize()  # the new slot map, at once
+        follow_moved_slots(client, moved_slots)  # the new slot map, at once
     return moves
 
 
@@ -187,9 +188,9 @@ def move_slot(client, slot: int, target: str) -> int:
     """Move one slot and its keys to the master `target` (host:port), following the Redis
     Cluster specification's live migration; the number of keys moved."""
     nodes = {node.name: node for node in client.get_primaries()}
-    source = client.nodes_manager.get_node_from_slot(slot)
+    source = node_of_slot(client, slot)
     moved = _migrate_slot(nodes, slot, nodes[source.name], nodes[target])
-    client.nodes_manager.initialize()
+    follow_moved_slots(client, [slot])
     return moved
 
 

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import redis.asyncio as aioredis
-from redis.asyncio.client import PubSub
 
+from eventbus.adapters.redis import pubsub_for, refresh_slot_map
 from eventbus.conf import eventbus_settings
 from eventbus.durability import check_durability
 from eventbus.redis import get_redis, make_async_node_client, make_async_read_client, make_async_redis
@@ -83,24 +83,6 @@ class Listener(Protocol):
         """The job's history after the lowest last seq of the job's live listeners."""
 
 
-class _TrackedPubSub(PubSub):
-    """A PubSub that tells its line about every (re)connection."""
-
-    line: _Line
-
-    async def on_connect(self, connection):
-        # redis-py resubscribes every shard channel in one SSUBSCRIBE, which a cluster refuses
-        # unless they share a slot (CROSSSLOT): one command per channel instead.
-        sharded, self.shard_channels = self.shard_channels, {}
-        try:
-            await super().on_connect(connection)
-            for channel in sharded:
-                await self.ssubscribe(channel)
-        finally:
-            self.shard_channels = {**sharded, **self.shard_channels}
-        self.line.hub._connected(self.line)
-
-
 class _Line:
     """One pub/sub connection and the task that reads it: the hub's only one on a single server
     (classic SUBSCRIBE), or, on a Redis Cluster, one per master that owns a channel listened to
@@ -108,8 +90,9 @@ class _Line:
 
     def __init__(self, hub: Hub, client: aioredis.Redis, name: str, *, sharded: bool):
         self.hub, self.client, self.name, self.sharded = hub, client, name, sharded
-        self.pubsub = _TrackedPubSub(client.connection_pool, ignore_subscribe_messages=False)
-        self.pubsub.line = self
+        # redis-py reconnects and subscribes the channels again; the hub then resyncs them
+        # (eventbus.adapters.redis tells it of the reconnection).
+        self.pubsub = pubsub_for(client, functools.partial(hub._connected, self))
         self.channels: set[str] = set()  # subscribed through this line (or being)
         self.reader: asyncio.Task | None = None
 
@@ -148,7 +131,8 @@ class _Line:
                 continue
             except aioredis.RedisError as exc:
                 # An error reply (a resubscription refused by a node that no longer owns the
-                # slot: MOVED): the reader must not die with it, or its sockets hear nothing more.
+                # slot, MOVED, or of shard channels of several slots, CROSSSLOT): the reader must
+                # not die with it, or its sockets hear nothing more.
                 logger.error("gateway hub: %s on %s; resubscribing and resyncing", exc, self.name)
                 await self._recover(backoff, resync=True)
                 continue
@@ -353,8 +337,8 @@ class Hub:
                     await line.unsubscribe(channel)
 
     def _connected(self, line: _Line) -> None:
-        # redis-py calls this on every reconnection (a pooled connection is handed out already
-        # connected, so not for the first). Whatever was published meanwhile is in the history.
+        # After every reconnection of the line (not the first connection: a pooled connection is
+        # handed out already connected). Whatever was published meanwhile is in the history.
         self.reconnections += 1
         logger.warning(
             "gateway hub reconnected to Redis (%s); resyncing %d channel(s)", line.name, len(line.channels)
@@ -417,7 +401,7 @@ class Hub:
             # Not ours: the channel's slot moved to another master, which Redis tells its
             # subscribers so. Follow it there (and never resubscribe it on this line).
             line.channels.discard(channel)
-            line.pubsub.shard_channels.pop(message["channel"], None)
+            line.pubsub.forget(message["channel"])
             task = asyncio.get_running_loop().create_task(self._rehome([channel]))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -436,7 +420,7 @@ class Hub:
         backoff = Backoff()
         for attempt in range(REHOME_TRIES):
             try:
-                await self._cluster.nodes_manager.initialize()
+                await refresh_slot_map(self._cluster)
             except REDIS_AWAY as exc:
                 logger.warning("gateway hub: the cluster's slot map could not be read (%s)", exc)
                 if attempt == REHOME_TRIES - 1:
@@ -457,7 +441,7 @@ class Hub:
                     continue
                 if old is not None and old is not new:
                     old.channels.discard(channel)
-                    old.pubsub.shard_channels.pop(channel.encode(), None)
+                    old.pubsub.forget(channel)
                 try:
                     await new.subscribe(channel)
                 except REDIS_AWAY_OR_RACED as exc:

@@ -13,6 +13,8 @@ import os
 import pytest
 from django.conf import settings
 
+from tests.conftest import skip_without_cluster_client
+
 from .harness import ChaosConfig, run_chaos
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
@@ -22,6 +24,8 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
     "redis", ["redis", "cluster", "sentinel"], ids=["redis", "redis-cluster", "redis-sentinel"]
 )
 def test_exactly_once_under_faults(redis):
+    if redis == "cluster":
+        skip_without_cluster_client()
     seed = int(os.environ["CHAOS_SEED"]) if os.environ.get("CHAOS_SEED") else None
     result = run_chaos(ChaosConfig.short(cluster=redis == "cluster", sentinel=redis == "sentinel", seed=seed))
     print(result.report)

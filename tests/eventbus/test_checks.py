@@ -1,7 +1,7 @@
 import pytest
 from django.test.utils import override_settings
 
-from eventbus.checks import check_redis_url, check_ttls
+from eventbus.checks import check_cluster_client, check_redis_url, check_ttls
 
 
 def test_the_default_settings_pass(eventbus_settings_override):
@@ -98,3 +98,21 @@ def test_stage_retries_that_outwait_the_dedup_keys_are_an_error(eventbus_setting
     with eventbus_settings_override():
         [error] = check_stage_retries()
     assert error.id == "eventbus.E009" and "'flaky', stage 'pay'" in error.msg
+
+
+@pytest.mark.parametrize(
+    "cluster, release, expected",
+    [
+        (True, (7, 4, 0), ["eventbus.E010"]),  # no asyncio sharded pub/sub before 8.0
+        (True, (8, 0, 0), []),
+        (False, (5, 0, 1), []),  # a single master needs nothing newer
+    ],
+)
+def test_a_cluster_needs_a_redis_py_with_asyncio_sharded_pubsub(
+    eventbus_settings_override, monkeypatch, cluster, release, expected
+):
+    import idempotency.adapters
+
+    monkeypatch.setattr(idempotency.adapters, "installed", lambda distribution: release)
+    with eventbus_settings_override(CLUSTER=cluster):
+        assert [error.id for error in check_cluster_client()] == expected

@@ -1,16 +1,19 @@
-"""The connection each thread keeps for the bus's scripts (eventbus.held), against real Redis:
-given back when its thread ends, reconnected when the server dropped it while idle, never
-shared with a forked child."""
+"""The connection each thread keeps for the bus's scripts (eventbus.adapters.redis), against
+real Redis: given back when its thread ends, reconnected when the server dropped it while idle,
+never shared with a forked child. The fast path's only: redis-py's public API holds none."""
 
 import os
 import threading
 
 import pytest
 
-from eventbus import held, publish_event
+from eventbus import publish_event
+from eventbus.adapters import redis as held
 from eventbus.redis import get_redis, reset_redis
 
 from .helpers import job_events
+
+pytestmark = pytest.mark.skipif(not held.INTERNALS, reason="redis-py's public API path holds no connection")
 
 
 def held_id() -> int:
