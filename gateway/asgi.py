@@ -28,6 +28,7 @@ from django.contrib.auth import get_user
 from django.http import HttpRequest
 from django.http.cookie import parse_cookie
 
+from .adapters.channels import Routes, connection_app
 from .routing import websocket_urlpatterns
 
 
@@ -45,7 +46,7 @@ class JobStreamApplication:
     """An ASGI application for the job stream's sockets (`routes`: gateway.routing's by default)."""
 
     def __init__(self, routes=None):
-        self.routes = websocket_urlpatterns if routes is None else routes
+        self.routes = Routes(websocket_urlpatterns if routes is None else routes)
         # channels' check, built once as AllowedHostsOriginValidator builds it; called per handshake.
         self.origins = AllowedHostsOriginValidator(None)
 
@@ -62,11 +63,9 @@ class JobStreamApplication:
         own_scope["session_key"] = session_key  # checked again while the socket lives (gateway.sessions)
         # The server's scope (its headers) is not kept by this frame while the socket lives.
         del scope
-        consumer_class = getattr(app, "consumer_class", None)
-        if consumer_class is not None:  # a consumer's as_asgi(): one coroutine less per socket
-            await consumer_class(**app.consumer_initkwargs)(own_scope, receive, send)
-        else:
-            await app(own_scope, receive, send)
+        # For a consumer's as_asgi(), the consumer itself: one coroutine less per socket
+        # (gateway.adapters.channels).
+        await connection_app(app)(own_scope, receive, send)
 
     def _route(self, scope):
         """The route's consumer and the scope it gets (what channels' URLRouter would put in it
@@ -75,19 +74,17 @@ class JobStreamApplication:
         root_path = scope.get("root_path", "")
         if root_path and not path.startswith(root_path):
             return None
-        path = path[len(root_path) :].lstrip("/")
-        for route in self.routes:
-            match = route.pattern.match(path)
-            if match:
-                _, args, kwargs = match
-                own_scope = {
-                    "type": "websocket",
-                    "path": scope["path"],
-                    "query_string": scope.get("query_string", b""),
-                    "url_route": {"args": args, "kwargs": {**kwargs, **route.default_args}},
-                }
-                return route.callback, own_scope
-        return None
+        found = self.routes.match(path[len(root_path) :].lstrip("/"))
+        if found is None:
+            return None
+        app, args, kwargs = found
+        own_scope = {
+            "type": "websocket",
+            "path": scope["path"],
+            "query_string": scope.get("query_string", b""),
+            "url_route": {"args": args, "kwargs": kwargs},
+        }
+        return app, own_scope
 
     @staticmethod
     def _origin(scope):

@@ -26,13 +26,11 @@ import json
 import logging
 import uuid
 from datetime import timedelta
-from functools import cached_property
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
-from channels.sessions import InstanceSessionWrapper
 from django.core.exceptions import ImproperlyConfigured
 from django.db import InterfaceError, OperationalError
 from django.utils import timezone
@@ -45,6 +43,8 @@ from eventbus.lifecycle import FINAL_STATES
 from eventbus.selectors import job_channel
 
 from . import eager
+from .adapters.channels import frames_send
+from .adapters.uvicorn import reporting_gone
 from .backoff import retrying
 from .conf import gateway_settings
 from .hub import Frame, History, get_hub
@@ -136,7 +136,13 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
         consumer uses no channel layer, so the server's receive is all it reads (one task per
         socket, the server's, instead of two)."""
         self.scope = scope
-        self.base_send = send
+        # The server's send, and the one frames go through: the server's own, past channels' session
+        # wrapper (gateway.adapters.channels). That wrapper saves the session on an HTTP response;
+        # for a WebSocket frame it does nothing but read the session twice, a fifth of the work per
+        # frame under uvicorn. Both are wrapped only where uvicorn's error for a client gone is not
+        # known (gateway.adapters.uvicorn).
+        self.base_send = reporting_gone(send)
+        self.server_send = reporting_gone(frames_send(send))
         self.channel_layer = None
         try:
             while True:
@@ -268,16 +274,6 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
     def _transmit(self, frame: Frame):
         """The server's send of the frame."""
         return self.server_send(frame.message)
-
-    @cached_property
-    def server_send(self):
-        """The ASGI server's own send. channels' session middleware wraps it to save the
-        session on an HTTP response; for a WebSocket frame its wrapper does nothing but read
-        the session twice, a fifth of the work per frame under uvicorn: frames skip it."""
-        send = self.base_send
-        while isinstance(getattr(send, "__self__", None), InstanceSessionWrapper):
-            send = send.__self__.real_send
-        return send
 
     async def _send(self, frame: Frame) -> None:
         self.last_sent = frame.seq

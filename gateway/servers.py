@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from .adapters.uvicorn import CLIENT_GONE
+
 
 def _client_gone() -> tuple[type[BaseException], ...]:
     gone: list[type[BaseException]] = []
@@ -11,13 +13,7 @@ def _client_gone() -> tuple[type[BaseException], ...]:
         gone.append(Disconnected)
     except ImportError:
         pass
-    try:
-        from uvicorn.protocols.utils import ClientDisconnected
-
-        gone.append(ClientDisconnected)
-    except ImportError:
-        pass
-    return tuple(gone)
+    return (*gone, *CLIENT_GONE)  # uvicorn's (gateway.adapters.uvicorn), if it is installed
 
 
 # Raised by a send to a client whose connection just dropped: nothing failed, nothing to close.

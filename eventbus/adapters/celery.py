@@ -19,7 +19,7 @@ Applied once per worker process, on Celery's `worker_init` signal (connected by
 `EventbusConfig.ready()`): the main process of `celery worker`, where the pool's event loop runs.
 Other processes (web servers, `manage.py`) never import the pool.
 
-Tested range: Celery 5.4 up to, not including, 5.7 and kombu 5.3.4 up to, not including, 5.8
+Tested range: Celery 5.4 up to, not including, 5.7 and kombu 5.7 up to, not including, 5.8
 (the code read in Celery 5.4.0 and 5.6.3, kombu 5.3.4 and 5.7.0; the suite runs 5.6.3 with
 kombu 5.7.0). Celery 5.7.0 is excluded by the package's requirements (another crash on a broker
 restart).
@@ -38,7 +38,7 @@ NAME = "eventbus.celery"
 
 def decide() -> bool:
     """Whether the guard is applied: both Celery and kombu in the tested range."""
-    return internals(NAME, "celery", "5.4", "5.7") and internals(NAME, "kombu", "5.3.4", "5.8")
+    return internals(NAME, "celery", "5.4", "5.7") and internals(NAME, "kombu", "5.7", "5.8")
 
 
 INTERNALS = decide()

@@ -28,7 +28,7 @@ Internals used, and why:
   node refuses, CROSSSLOT, unless they share a slot). A channel whose slot moved is dropped from
   `PubSub.shard_channels`, so that no reconnection subscribes it where it no longer lives.
 
-Tested range: redis-py 5.0.1 up to, not including, 8.2 (the version matrix's oldest and newest).
+Tested range: redis-py 6.1 up to, not including, 8.2 (the version matrix's oldest and newest).
 
 Fallback (outside that range, or EXACTLY_ONCE_INTERNALS=off), the public API only:
 
@@ -80,7 +80,7 @@ except ImportError:  # pragma: no cover - redis[hiredis] is a requirement
 
 NAME = "eventbus.redis"
 DISTRIBUTION = "redis"
-LOWEST, BELOW = "5.0.1", "8.2"
+LOWEST, BELOW = "6.1", "8.2"
 
 
 def decide() -> bool:

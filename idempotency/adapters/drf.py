@@ -1,6 +1,6 @@
 """Django REST framework's internals behind one gate (SPEC §10): its forced authentication.
 
-Tested range: djangorestframework 3.15 to 3.18 (`djangorestframework>=3.15,<3.19`). Within it,
+Tested range: djangorestframework 3.15.1 to 3.18 (`djangorestframework>=3.15.1,<3.19`). Within it,
 and unless `EXACTLY_ONCE_INTERNALS=off`, `hand_over_authentication` takes its fast path;
 otherwise its fallback. The path is decided once, when this module is imported (`INTERNALS`).
 
@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 from . import internals
 
-INTERNALS = internals("drf", "djangorestframework", "3.15", "3.19")
+INTERNALS = internals("drf", "djangorestframework", "3.15.1", "3.19")
 
 
 def _hand_over_internals(request, user, token) -> None:

@@ -105,7 +105,7 @@ def test_stage_retries_that_outwait_the_dedup_keys_are_an_error(eventbus_setting
     [
         (True, (7, 4, 0), ["eventbus.E010"]),  # no asyncio sharded pub/sub before 8.0
         (True, (8, 0, 0), []),
-        (False, (5, 0, 1), []),  # a single master needs nothing newer
+        (False, (6, 1, 0), []),  # a single master needs nothing newer
     ],
 )
 def test_a_cluster_needs_a_redis_py_with_asyncio_sharded_pubsub(

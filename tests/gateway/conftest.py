@@ -1,4 +1,5 @@
 import asyncio
+import contextlib
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -120,6 +121,47 @@ def _publish_and_route(job, seqs):
 
 
 publish_and_route = sync_to_async(_publish_and_route, thread_sensitive=False)
+
+
+@contextlib.asynccontextmanager
+async def uvicorn_server(ws):
+    """A real uvicorn server serving config.asgi on a free port, with the WebSocket protocol `ws`
+    (a class, or a name of uvicorn's --ws option)."""
+    import uvicorn
+
+    from config.asgi import application
+    from config.redis_server import free_port
+
+    config = uvicorn.Config(
+        application, host="127.0.0.1", port=free_port(), ws=ws, lifespan="off", log_level="warning"
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    try:
+        while not server.started:
+            assert not task.done(), "uvicorn did not start"
+            await asyncio.sleep(0.01)
+        yield server
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 10)
+
+
+def uvicorn_socket(server, path, cookie=None, origin="http://testserver"):
+    """A real WebSocket client of `server` (websockets' connect, to use in `async with`)."""
+    import inspect
+
+    from websockets.asyncio.client import connect
+
+    # websockets 15+ takes a proxy from the environment unless told not to; 13 and 14 know none.
+    no_proxy = {"proxy": None} if "proxy" in inspect.signature(connect).parameters else {}
+    return connect(
+        f"ws://127.0.0.1:{server.config.port}{path}",
+        origin=origin,
+        additional_headers={"Cookie": f"sessionid={cookie}"} if cookie else None,
+        open_timeout=5,
+        **no_proxy,
+    )
 
 
 # For the browser tests (test_page.py, test_jobstream.py): Debian's chromium and a live web server.

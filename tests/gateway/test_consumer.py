@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from eventbus.keys import JobKeys
 from gateway import consumers
-from gateway.hub import Frame, close_hub, get_hub
+from gateway.hub import close_hub, get_hub
 from idempotency.models import Operation
 
 from .conftest import open_socket, publish_and_route
@@ -466,23 +466,3 @@ async def test_a_job_that_ended_while_redis_was_away_gives_its_outcome_on_resync
     assert json.loads(await socket.receive_from(timeout=10)) == outcome(job, "FAILED", 12)
     assert await socket.receive_nothing(timeout=0.3)
     assert get_hub().reconnections == 1
-
-
-async def test_frames_go_to_the_servers_own_send_past_channels_session_wrapper(settings):
-    """The session wrapper saves a session on HTTP responses only: frames skip it (it read the
-    session twice per frame), and reach the send the server gave."""
-    from channels.sessions import InstanceSessionWrapper
-
-    sent = []
-
-    async def server_send(message):
-        sent.append(message)
-
-    outer = InstanceSessionWrapper({"cookies": {}}, server_send)
-    inner = InstanceSessionWrapper(outer.scope, outer.send)  # stacked: the outer one is active
-    consumer = consumers.JobStreamConsumer()
-    consumer.base_send = inner.send
-    assert consumer.server_send is server_send
-    frame = Frame(b'{"type":"event","seq":1}', {"type": "event", "seq": 1})
-    await consumer._transmit(frame)
-    assert sent == [{"type": "websocket.send", "text": '{"type":"event","seq":1}'}]

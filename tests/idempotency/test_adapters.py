@@ -62,7 +62,7 @@ ADAPTERS = {
     ),
     "drf": (
         drf_adapter,
-        ("djangorestframework", (3, 15), (3, 19)),
+        ("djangorestframework", (3, 15, 1), (3, 19)),
         {"hand_over_authentication": ("_hand_over_internals", "_hand_over_public")},
     ),
 }
