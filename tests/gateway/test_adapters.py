@@ -9,7 +9,6 @@ sys.modules, which the gateway runs, is left as it is) and, for the end-to-end t
 the copy bound where gateway.asgi and gateway.consumers look it up. A fast path is tested only
 where the installed release lies in its tested range (the version matrix's other legs)."""
 
-import importlib.util
 import json
 import sys
 import types
@@ -32,6 +31,7 @@ from gateway.asgi import JobStreamApplication
 from gateway.consumers import JobStreamConsumer
 from gateway.hub import Frame
 from gateway.routing import websocket_urlpatterns
+from tests.adapters import fresh_module
 
 from .conftest import make_communicator, open_socket, publish_and_route, uvicorn_server, uvicorn_socket
 
@@ -53,15 +53,6 @@ def in_range(*distributions: str) -> bool:
     return True
 
 
-def fresh(name: str) -> types.ModuleType:
-    """A new copy of module `name`, imported again (not put in sys.modules)."""
-    spec = importlib.util.find_spec(name)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture
 def load(monkeypatch):
     """`load(name, mode, **releases)`: a fresh copy of adapter module `name`, its gate asked with
@@ -79,7 +70,7 @@ def load(monkeypatch):
         monkeypatch.setattr(
             idempotency.adapters, "installed", lambda d: releases[d] if d in releases else real(d)
         )
-        return fresh(name)
+        return fresh_module(name)
 
     return load
 
@@ -354,7 +345,7 @@ def test_without_uvicorn_the_gateway_imports_and_knows_daphnes_error_only(load, 
     assert not adapter.INTERNALS and adapter.CLIENT_GONE == ()
     assert adapter.reporting_gone(print) is print
     monkeypatch.setitem(sys.modules, UVICORN, adapter)
-    assert fresh("gateway.servers").ClientGone == (Disconnected,)
+    assert fresh_module("gateway.servers").ClientGone == (Disconnected,)
     with pytest.raises(ImportError):
         adapter.websocket_protocol()  # `--ws gateway.uvicorn:WebSocketProtocol` needs uvicorn
     assert "uvicorn" not in {name.partition(".")[0] for name, m in sys.modules.items() if m is not None}

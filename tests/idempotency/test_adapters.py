@@ -7,7 +7,6 @@ fallbacks); these tests run both paths in one process, whichever that is: a path
 replacing the adapter's function where its caller took it. The fast path runs only where the
 installed release is in the tested range (it may not work elsewhere)."""
 
-import importlib.util
 import io
 import json
 import tomllib
@@ -34,6 +33,7 @@ from idempotency.responses import StoredResponse
 from idempotency.stores import db
 from idempotency.stores.base import Outcome
 from idempotency.stores.db import DatabaseStore
+from tests.adapters import fresh_module
 
 from . import views
 
@@ -84,16 +84,6 @@ def needs_fast_path(name: str):
 # The gate ---------------------------------------------------------------------------------------
 
 
-def fresh_copy(module):
-    """A new copy of an adapter module, whose gate is asked again (the module in use is left as
-    it is; the test restores the record of decisions)."""
-    spec = importlib.util.spec_from_file_location(f"{module.__name__}_gate_test", module.__file__)
-    assert spec is not None and spec.loader is not None
-    copy = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(copy)
-    return copy
-
-
 @pytest.fixture
 def gate(monkeypatch):
     """Ask an adapter's gate again with `release` installed: the fresh module copy."""
@@ -109,7 +99,7 @@ def gate(monkeypatch):
             return release if wanted == distribution else None
 
         monkeypatch.setattr(adapters, "installed", installed)
-        copy = fresh_copy(module)
+        copy = fresh_module(module.__name__)
         assert asked == [distribution]
         return copy
 
