@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from django.core.exceptions import ImproperlyConfigured
 
-from .adapters.drf import hand_over_authentication
+from .adapters.drf import hand_over_authentication, keep_body_for_csrf_check
 from .conf import idempotency_settings
 
 
@@ -37,6 +37,7 @@ def authenticate(request, view_func):
     view.args, view.kwargs, view.request = (), {}, request
     if getattr(view_func, "actions", None) is not None:
         view.action_map = view_func.actions
+    keep_body_for_csrf_check(request)
     drf_request = view.initialize_request(request)
     try:
         user = drf_request.user

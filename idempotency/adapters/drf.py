@@ -14,13 +14,20 @@ otherwise its fallback. The path is decided once, when this module is imported (
   with DRF's own). Fallback: nothing is handed over, and DRF authenticates the request again in
   the view, with the same authenticators and so the same answer: correct, one authentication
   more.
+
+`keep_body_for_csrf_check` is no internal: on DRF before 3.18 it reads a logged-in session's
+request body into `request.body` (public) before DRF's CSRF check would take it from the stream
+(see below).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from . import internals
+from django.conf import settings
+from django.http import RawPostDataException
+
+from . import installed, internals
 
 INTERNALS = internals("drf", "djangorestframework", "3.15.1", "3.19")
 
@@ -39,3 +46,35 @@ hand_over_authentication: Callable[[object, object, object], None]
 take `user` and `token` as its authentication instead of authenticating it again."""
 
 hand_over_authentication = _hand_over_internals if INTERNALS else _hand_over_public
+
+
+# DRF before 3.18 parses a JSON (or any non-form) body straight from the request's stream when
+# its SessionAuthentication's CSRF check reads `request.POST` (Django's CsrfViewMiddleware reads
+# POST first), and keeps what it parsed on the Request it authenticated with, which the
+# middleware then drops: the fingerprint, and the view, find the stream gone (a 500, found by the
+# version matrix's oldest leg in a browser's keyed POST). DRF 3.18 reads `request.body` there,
+# which Django keeps. So on older DRF the body of a logged-in session's request is read into
+# `request.body` first (within DATA_UPLOAD_MAX_MEMORY_SIZE), as DRF 3.18 would; an anonymous
+# request's body stays unread, as SessionAuthentication checks CSRF for a logged-in user only.
+BODY_READ_BY_CSRF_CHECK = (installed("djangorestframework") or (0,)) < (3, 18)
+
+
+def keep_body_for_csrf_check(request) -> None:
+    """Before DRF authenticates `request` (Django's): keep its body where DRF's CSRF check and
+    the fingerprint can both read it."""
+    if not BODY_READ_BY_CSRF_CHECK or request.method in ("GET", "HEAD", "OPTIONS", "TRACE"):
+        return
+    user = getattr(request, "user", None)  # Django's session user (AuthenticationMiddleware)
+    if user is None or not user.is_authenticated:
+        return
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    try:
+        length = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        return
+    if limit is not None and length > limit:
+        return  # too large for memory: hashed as a stream, which DRF before 3.18 then reads first
+    try:
+        request.body  # noqa: B018  (read once, kept by Django)
+    except RawPostDataException:
+        pass  # read already (a parsed form): the fingerprint takes its fields
