@@ -94,7 +94,9 @@ def test_serve_listens_on_loopback_by_default():
 
 
 @pytest.mark.parametrize("addr, expected", [(None, {"127.0.0.1"}), ("0.0.0.0", {"0.0.0.0"})])
-def test_a_commands_metrics_port_listens_where_metrics_addr_says(db, redis_client, addr, expected):
+def test_a_commands_metrics_port_listens_where_metrics_addr_says(
+    transactional_db, redis_client, addr, expected
+):
     port = free_port()
     extra = ("--metrics-addr", addr) if addr else ()
     router = Manage("run_router", "--consumer", "addr", "--metrics-port", str(port), *extra).start()

@@ -446,7 +446,7 @@ def multiproc_files(directory: Path, pid: int) -> list[str]:
 
 
 def test_metrics_add_up_other_processes_and_drop_a_stopped_ones_gauges(
-    db, client, redis_client, tmp_path, monkeypatch
+    transactional_db, client, redis_client, tmp_path, monkeypatch
 ):
     from eventbus import publish_events
 
