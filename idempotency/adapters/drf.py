@@ -24,10 +24,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import rest_framework
 from django.conf import settings
 from django.http import RawPostDataException
 
-from . import installed, internals
+from . import internals, release
 
 INTERNALS = internals("drf", "djangorestframework", "3.15.1", "3.19")
 
@@ -56,7 +57,7 @@ hand_over_authentication = _hand_over_internals if INTERNALS else _hand_over_pub
 # which Django keeps. So on older DRF the body of a logged-in session's request is read into
 # `request.body` first (within DATA_UPLOAD_MAX_MEMORY_SIZE), as DRF 3.18 would; an anonymous
 # request's body stays unread, as SessionAuthentication checks CSRF for a logged-in user only.
-BODY_READ_BY_CSRF_CHECK = (installed("djangorestframework") or (0,)) < (3, 18)
+BODY_READ_BY_CSRF_CHECK = release(rest_framework.VERSION) < (3, 18)
 
 
 def keep_body_for_csrf_check(request) -> None:
