@@ -170,6 +170,7 @@ def test_the_fast_path_awaits_the_consumer_itself(load):
 # channels' session wrapper: skipped by frames, or not.
 
 
+@pytest.mark.django_db  # channels 4.1 loads the session synchronously, from the database
 @pytest.mark.parametrize("mode", [INTERNALS, PUBLIC])
 async def test_frames_reach_the_servers_send_past_the_session_wrapper_or_through_it(load, mode):
     """The session wrapper saves a session on HTTP responses only: the fast path's frames skip it

@@ -108,6 +108,9 @@ def logged_in_page(browser, web):
     page.fill("#id_password", "walk-the-line-42")
     page.click("button[type=submit]")
     page.wait_for_selector("#start-job")
+    # The page's scripts have run (they offer each job type's payload): the button alone can be
+    # there before them, and a test that reads the payload then reads the markup's "{}".
+    page.wait_for_load_state("load")
     return page
 
 
