@@ -20,12 +20,11 @@ from datetime import timedelta
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db.models import F
 from django.utils import timezone
 
 from idempotency.jsontext import json_holds_nul, nested_deeper_than
 
-from . import metrics
+from . import metrics, stagerecords
 from .jobtypes import FINAL_STAGE, JobCancelled, JobFailed, JobType, PlannedStage, StageTimeout
 from .models import StageRecord
 from .publish import publish_event
@@ -140,28 +139,30 @@ def run_stages(
     records = {r.stage: r for r in StageRecord.objects.filter(operation=operation)}
     finished = {name: r for name, r in records.items() if r.finished_at is not None}
     results: dict[str, Any] = {}
+    plan = job.plan()
+    # The stage whose start the last finish wrote with it (stagerecords: one write per stage).
+    started: str | None = None
 
     def emit(stage: str, seq: int, data: dict) -> None:
         if not publish_event(domain, job_id, stage, seq, data):
             logger.info("Job %s: %s seq %d was published before; duplicate dropped (L1)", job_id, stage, seq)
         after_event()
 
-    for planned in job.plan():
+    for index, planned in enumerate(plan):
         record = finished.get(planned.name)
         if record is not None:
             for stage, seq, data in record.events:
                 emit(stage, seq, data)
             results[planned.name] = record.result
             continue
-        if _cancel_recorded(operation):
-            raise JobCancelled(f"Job {job_id} was cancelled before stage {planned.name!r}")
-        waiting = records.get(planned.name)
-        if waiting is not None and waiting.next_attempt_at is not None:
-            # A run before the retry is due (a duplicate message, the recovery): it waits too.
-            due = (waiting.next_attempt_at - timezone.now()).total_seconds()
-            if due > 0:
+        if started != planned.name:
+            if _cancel_recorded(operation):
+                raise JobCancelled(f"Job {job_id} was cancelled before stage {planned.name!r}")
+            if (due := _retry_due_in(records.get(planned.name))) > 0:
+                # A run before the retry is due (a duplicate message, the recovery): it waits too.
                 raise StageRetry(job_id, planned.name, due)
-        attempt = _start(operation, planned.name)
+            _start(records, operation, planned.name, then_save=True)
+        attempt = records[planned.name].attempts
         logger.info("Job %s: stage %s, attempt %d", job_id, planned.name, attempt)
         ctx = StageContext(
             job_id,
@@ -178,7 +179,8 @@ def run_stages(
         outcome = None  # the attempt's, for the metrics (none: the run was taken over)
         try:
             result = run_stage(job, ctx)
-            _finish(operation, planned.name, result, ctx.events)
+            following = plan[index + 1].name if index + 1 < len(plan) else None
+            started = _finish(records, operation, planned.name, result, ctx.events, then_start=following)
             outcome = "completed"
         except RunStopped as exc:
             outcome = "timed_out" if isinstance(exc, DeadlinePassed) else None
@@ -282,26 +284,47 @@ def publish_final(operation, job: type[JobType] | JobType, state: str, **data) -
     )
 
 
-def _start(operation, stage: str) -> int:
-    record, _ = StageRecord.objects.get_or_create(operation=operation, stage=stage)
-    StageRecord.objects.filter(pk=record.pk).update(
-        attempts=F("attempts") + 1, started_at=timezone.now(), next_attempt_at=None
-    )
-    return record.attempts + 1
+def _retry_due_in(record: StageRecord | None) -> float:
+    """Seconds until the retry of the stage's failed attempt is due (0 or less: now)."""
+    if record is None or record.next_attempt_at is None:
+        return 0
+    return (record.next_attempt_at - timezone.now()).total_seconds()
 
 
-def _finish(operation, stage: str, result, events: list) -> None:
+def _start(records: dict[str, StageRecord], operation, stage: str, *, then_save: bool) -> StageRecord:
+    """The stage's record, one attempt more, started now (written when `then_save`; else the
+    caller writes it with the stage before it)."""
+    record = records.get(stage) or StageRecord(operation=operation, stage=stage)
+    record.attempts += 1
+    record.started_at = timezone.now()
+    record.next_attempt_at = None
+    records[stage] = record
+    if then_save:
+        stagerecords.save([record])
+    return record
+
+
+def _finish(
+    records: dict[str, StageRecord], operation, stage: str, result, events: list, *, then_start: str | None
+) -> str | None:
+    """Record the finished stage and, in the same write, start `then_start` (the next stage)
+    when it may start now: not finished, no retry of it waiting, the job not cancelled (the
+    database's word). Returns the stage it started, if any."""
     _refuse_nul(stage, "events", json.dumps(events, cls=DjangoJSONEncoder))
-    StageRecord.objects.filter(operation=operation, stage=stage, finished_at__isnull=True).update(
-        result=result,
-        events=events,
-        finished_at=timezone.now(),
-        # An earlier attempt's failure (retried, or a run that was interrupted) is over.
-        error_type=None,
-        error_message=None,
-        error_traceback=None,
-        failed_at=None,
-    )
+    record = records[stage]
+    record.result, record.events, record.finished_at = result, events, timezone.now()
+    # An earlier attempt's failure (retried, or a run that was interrupted) is over.
+    record.error_type = record.error_message = record.error_traceback = record.failed_at = None
+    following = records.get(then_start) if then_start else None
+    if then_start is None or (following is not None and following.finished_at is not None):
+        then_start = None
+    elif _retry_due_in(following) > 0 or _cancel_recorded(operation):
+        then_start = None  # the next stage's own checks say why, before it would start
+    rows = [record]
+    if then_start is not None:
+        rows.append(_start(records, operation, then_start, then_save=False))
+    stagerecords.save(rows)
+    return then_start
 
 
 # -- failures -------------------------------------------------------------------------------------

@@ -205,12 +205,11 @@ def test_an_integrity_error_that_is_not_the_keys_race_is_raised_not_taken_for_on
     violation is raised as it is, never turned into a DoesNotExist."""
     from django.db import IntegrityError
 
-    from idempotency.models import Operation
-    from idempotency.services import accept
+    from idempotency import services
 
     def violate(*args, **kwargs):
         raise IntegrityError("CHECK constraint failed: some other constraint")
 
-    monkeypatch.setattr(Operation.objects, "create", violate)
+    monkeypatch.setattr(services, "insert", violate)
     with pytest.raises(IntegrityError, match="some other constraint"):
-        accept(command())
+        services.accept(command())

@@ -1,0 +1,50 @@
+"""INSERT ... ON CONFLICT as one statement, on SQLite (3.24+) and PostgreSQL, the databases the
+toolkit runs on. Django's bulk_create(ignore_conflicts=...) says nothing of which rows went in,
+and its update_conflicts cannot spare the rows a condition protects; this does both:
+
+- no `update_unless`: ON CONFLICT DO NOTHING; the row count says whether the rows went in
+  (accept() inserts its Operation so, with no savepoint around a failing INSERT);
+- `update_unless="finished_at"`: ON CONFLICT DO UPDATE every other column WHERE that column
+  IS NULL (eventbus.stagerecords: a finished stage is never written again).
+
+Fields are prepared as the ORM saves them (get_db_prep_save); no model signal is sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from django.db import connections, router
+from django.db.models import Model
+
+
+def insert(objs: Sequence[Model], *, target: tuple[str, ...], update_unless: str | None = None) -> int:
+    """Insert `objs` (one model) in one statement; returns how many rows it wrote. A row whose
+    `target` fields (a unique constraint's) are taken is skipped or, with `update_unless`,
+    updated unless that field is set."""
+    if not objs:
+        return 0
+    model = type(objs[0])
+    connection = connections[router.db_for_write(model)]
+    quote = connection.ops.quote_name
+    meta = model._meta
+    fields = [f for f in meta.concrete_fields if not (f.primary_key and f.auto_created)]
+    table = quote(meta.db_table)
+    row = "(" + ", ".join(["%s"] * len(fields)) + ")"
+    sql = (
+        f"INSERT INTO {table} ({', '.join(quote(f.column) for f in fields)}) "
+        f"VALUES {', '.join([row] * len(objs))} "
+        f"ON CONFLICT ({', '.join(quote(meta.get_field(name).column) for name in target)}) "
+    )
+    if update_unless is None:
+        sql += "DO NOTHING"
+    else:
+        updated = [f for f in fields if f.name not in target and not f.primary_key]
+        sql += (
+            f"DO UPDATE SET {', '.join(f'{quote(f.column)} = excluded.{quote(f.column)}' for f in updated)} "
+            f"WHERE {table}.{quote(meta.get_field(update_unless).column)} IS NULL"
+        )
+    params = [f.get_db_prep_save(f.pre_save(obj, add=True), connection) for obj in objs for f in fields]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount
