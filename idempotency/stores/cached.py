@@ -1,9 +1,10 @@
 """The database store with a cache in front: a replay of a completed record is served from
-the cache without a database query. A request that stores an answer puts it in the cache once
-its transaction has committed (a retry usually follows a lost answer closely, so even the first
-replay of a key is served from the cache); a replay the database answered (the cache was down,
-flushed, or the entry evicted) puts it back. So the cache never holds an answer the database
-has not committed, and an entry lives no longer than its record.
+the cache without a database query. The cache is filled by the replays the database answers:
+the first replay of a key reads its record (one query, as without the cache) and puts the
+answer in the cache for the next ones, as after a flush, an eviction or the cache being down.
+A first request writes nothing to the cache (SPEC §9: the layer adds the key's lock-and-read
+and the replay check to it, no more). The cache never holds an answer the database has not
+committed (it is read from a committed record), and an entry lives no longer than its record.
 
 The cache is a django-redis one, used through its raw redis-py client (django_redis's
 `get_redis_connection`): entries are signed JSON bytes (entries.py), written and read with
@@ -18,11 +19,9 @@ import logging
 
 from django.core.cache import caches
 from django.core.exceptions import ImproperlyConfigured
-from django.db import router, transaction
 from django_redis import get_redis_connection
 
 from ..conf import idempotency_settings
-from ..models import IdempotencyRecord
 from . import entries
 from .base import Acquisition, Outcome
 from .db import DatabaseStore
@@ -82,26 +81,6 @@ class CachedStore(DatabaseStore):
             using=using,
         )
         return self._remembered(acquisition, scope, key, fingerprint)
-
-    def record_answer(self, claim, response, *, last=False):
-        if not super().record_answer(claim, response, last=last):
-            return False
-        if response is not None:
-            self._remember_on_commit(claim.lease, response, claim.using)
-        return True
-
-    def complete(self, lease, response):
-        if not super().complete(lease, response):
-            return False
-        self._remember_on_commit(lease, response, router.db_for_write(IdempotencyRecord))
-        return True
-
-    def _remember_on_commit(self, lease, response, using):
-        # At once outside a transaction; after the COMMIT inside one (never on a rollback).
-        transaction.on_commit(
-            lambda: self._remember(lease.scope, lease.key, lease.fingerprint, response, lease.expires_at),
-            using=using,
-        )
 
     def _remembered(self, acquisition, scope, key, fingerprint):
         if acquisition.outcome is Outcome.REPLAY:

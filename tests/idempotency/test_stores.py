@@ -137,23 +137,28 @@ def replay_queries(store) -> int:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_completed_answer_is_cached_and_its_replays_make_no_query():
+def test_a_completed_answer_enters_the_cache_with_its_first_replay():
+    """A first request writes nothing to the cache (SPEC §9: its one Redis command is the
+    replay check); its first replay reads the record and puts it there for the next ones."""
     store = CachedStore()
     store.complete(acquire(store).lease, ANSWER)
+    assert cached_answer(store) is None
+    assert replay_queries(store) > 0
     assert replay_queries(store) == 0
 
 
 @pytest.mark.django_db(transaction=True)
-def test_an_answer_enters_the_cache_only_when_its_transaction_commits():
+def test_an_answer_enters_the_cache_only_from_a_committed_record():
     store = CachedStore()
     lease = acquire(store).lease
     with pytest.raises(RuntimeError), transaction.atomic():
         assert store.complete(lease, ANSWER)
-        assert cached_answer(store) is None  # not before the COMMIT
         raise RuntimeError("rolled back")
     assert cached_answer(store) is None
     with transaction.atomic():
         assert store.complete(lease, ANSWER)
+    assert cached_answer(store) is None
+    assert replay_queries(store) > 0  # the committed record answers, and fills the cache
     assert cached_answer(store) == ANSWER
 
 

@@ -30,6 +30,7 @@ urlpatterns = [
     path("t/nul/", views.nul_answer),
     path("t/nul-atomic/", views.nul_answer_atomic),
     path("t/form-atomic/", views.form_redirect_atomic),
+    path("t/jobs-without-the-layer/", views.baseline_job_create),
     path("t/", include(router.urls)),
     *project_urls,
 ]

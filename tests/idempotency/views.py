@@ -7,6 +7,7 @@ from collections import Counter
 
 from django import forms
 from django.core.exceptions import BadRequest
+from django.db import transaction
 from django.http import HttpResponse, HttpResponseRedirect, JsonResponse, StreamingHttpResponse
 from django.utils.decorators import method_decorator
 from django.views import View
@@ -258,3 +259,30 @@ def nul_answer(request):
 @csrf_exempt
 def nul_answer_atomic(request):
     return answer_with_nul(request)
+
+
+def _job_create_without_the_layer(view, request):
+    """The jobs API's create, as it runs under our middleware (atomic=True), with the context
+    the middleware would hand it made here instead (no lock, no record, no replay cache)."""
+    from gateway.api import JobListView
+    from idempotency.execution import IdempotencyContext
+    from idempotency.keys import IdemKey
+
+    key = IdemKey.parse(request.headers["Idempotency-Key"])
+    request.idempotency = IdempotencyContext(f"-:{request.user.pk}", key, None, False)
+    with transaction.atomic():  # atomic, as the marker makes it under the layer
+        return JobListView.post(view, request)
+
+
+def _baseline_job_view():
+    from gateway.api import JobListView
+
+    @idempotency_key("exempt")
+    class BaselineJobView(JobListView):
+        def post(self, request):
+            return _job_create_without_the_layer(self, request)
+
+    return BaselineJobView.as_view()
+
+
+baseline_job_create = _baseline_job_view()
