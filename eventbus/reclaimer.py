@@ -184,7 +184,16 @@ class Reclaimer(LoopWorker):
         for delivery, result in stuck:
             times = deliveries.get(delivery.stream_id, 0)
             if times <= self.max_deliveries:
-                if not isinstance(result, Exception):
+                if isinstance(result, Exception):
+                    # Left pending: the next pass claims it again, until max_deliveries.
+                    log.warning(
+                        "reclaimer: route script failed for %s of %s (delivery %d), left pending: %r",
+                        delivery.stream_id,
+                        delivery.stream.key,
+                        times,
+                        result,
+                    )
+                else:
                     count_route_results(delivery.stream.labels, result)
                 continue
             reason = (
