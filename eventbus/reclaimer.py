@@ -187,10 +187,11 @@ class Reclaimer(LoopWorker):
                 if isinstance(result, Exception):
                     # Left pending: the next pass claims it again, until max_deliveries.
                     log.warning(
-                        "reclaimer: route script failed for %s of %s (delivery %d), left pending: %r",
+                        "reclaimer: route script failed for %s of %s (delivery %d), left pending: %s: %s",
                         delivery.stream_id,
                         delivery.stream.key,
                         times,
+                        type(result).__name__,
                         result,
                     )
                 else:

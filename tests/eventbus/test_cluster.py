@@ -39,7 +39,7 @@ def test_publish_route_reclaim_dead_letter_and_redrive_on_the_cluster(cluster, r
     dead = Router(consumer="dead")
     dead.ensure_groups()
     assert len(dead.read({s.key: ">" for s in streams_for()}, None)) == 2 * len(JOBS)
-    Reclaimer(burst=True, min_idle_ms=0).run()
+    reclaim_until_settled(cluster)
     for domain, job in JOBS:
         assert history_seqs(cluster, domain, job) == [10, 11]
     assert sorted(e["seq"] for e in subscriber.receive(2 * len(JOBS))) == [10] * len(JOBS) + [11] * len(JOBS)
@@ -73,6 +73,17 @@ def test_publish_route_reclaim_dead_letter_and_redrive_on_the_cluster(cluster, r
     subscriber.close()
     for b in broadcast:
         b.close()
+
+
+def reclaim_until_settled(cluster, passes: int = 3) -> None:
+    """Reclaimer passes until nothing is pending: an entry whose script call failed (a
+    connection lost under the machine's load, logged at WARNING) is left pending for the next
+    pass, as in production."""
+    for _ in range(passes):
+        Reclaimer(burst=True, min_idle_ms=0).run()
+        if all(pending(cluster, s.key) == 0 for s in streams_for()):
+            return
+    raise AssertionError(f"still pending after {passes} reclaimer passes")
 
 
 def test_the_processes_refuse_a_cluster_master_older_than_redis_7(cluster):
