@@ -71,7 +71,7 @@ from redis.exceptions import (
 )
 
 from eventbus.redis import by_node, is_cluster
-from idempotency.adapters import installed, internals
+from idempotency.adapters import internals
 
 try:
     from hiredis import pack_command
@@ -104,9 +104,6 @@ INTERNALS = decide()
 #   reconnects when used.
 
 IDLE_CHECK = 1.0
-
-# redis-py before 5.3 wants a command name to check a connection out; 5.3 deprecates it.
-_CHECKOUT: tuple = ("EVALSHA",) if (installed(DISTRIBUTION) or (0,)) < (5, 3) else ()
 
 
 class _Slot:
@@ -152,7 +149,7 @@ def connection_of(pool):
         slot.used = now
         return connection
     _local.slot = None  # gives the previous one back to its pool
-    connection = pool.get_connection(*_CHECKOUT)
+    connection = pool.get_connection()
     _local.slot = _Slot(pool, connection)
     return connection
 
@@ -180,7 +177,7 @@ def _send_and_read(client, calls: Sequence, then: tuple = (), first: tuple = ())
     pool = client.connection_pool
     # Sentinel's pool moves its idle connections to a new master; one held would stay behind.
     hold = type(pool) is redis.ConnectionPool
-    connection = connection_of(pool) if hold else pool.get_connection(*_CHECKOUT)
+    connection = connection_of(pool) if hold else pool.get_connection()
     lead, on_lead = first or ((), None)
     try:
         if pack_command is not None:
@@ -448,9 +445,8 @@ class _TrackedPubSub(PubSub):
 
     async def on_connect(self, connection):
         # redis-py resubscribes every shard channel in one SSUBSCRIBE, which a cluster refuses
-        # unless they share a slot (CROSSSLOT): one command per channel instead. (redis.asyncio
-        # 5.0's PubSub has no shard channels at all.)
-        sharded = getattr(self, "shard_channels", None)
+        # unless they share a slot (CROSSSLOT): one command per channel instead.
+        sharded = self.shard_channels
         if not sharded:
             await super().on_connect(connection)
             self.on_reconnect()

@@ -258,10 +258,6 @@ def two_slots_of(cluster, node_name):
     return channels
 
 
-@pytest.mark.skipif(
-    not hasattr(aioredis.client.PubSub, "ssubscribe"),
-    reason="redis.asyncio's PubSub has no sharded pub/sub in this release (5.0.1): neither path has it",
-)
 @pytest.mark.parametrize("path", PATHS)
 async def test_shard_channels_of_several_slots_after_a_reconnection(cluster, path):
     """The fast path subscribes them again one SSUBSCRIBE each; redis-py's own PubSub sends one
