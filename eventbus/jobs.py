@@ -144,12 +144,10 @@ def run(job_id: str, *, fail_on_transient: bool = True) -> str:
     if not lease.acquire():
         raise JobBusy(job_id, lease.retry_in())
     try:
-        lifecycle.refresh_state(operation)  # the lease's previous holder may have finished it
-        if lifecycle.is_final(operation):
-            return "skipped"
         was = operation.state
         # Started before anything is published: a job cancelled before it started (PENDING ->
-        # CANCELLED, by cancel_job) is never run, and once RUNNING only its run ends it.
+        # CANCELLED, by cancel_job) is never run, and once RUNNING only its run ends it. It
+        # reads the state again, with the lease held: its previous holder may have ended it.
         if not lifecycle.start(operation):
             return "skipped"
         if lifecycle.past_deadline(operation):

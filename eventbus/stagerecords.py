@@ -2,7 +2,9 @@
 
 A run writes a stage's start and its finish, and a finished stage costs one write (SPEC §9): the
 finish of a stage also starts the next one (its attempts, started_at), in the same INSERT ... ON
-CONFLICT DO UPDATE of two rows. Only the first stage a run works on is started on its own.
+CONFLICT DO UPDATE of two rows, which also reads whether the job was cancelled meanwhile (a
+RETURNING subquery), the run's check before every stage. Only the first stage a run works on is
+started on its own.
 
 The conflict's update applies only to a record that is not finished: a run that outlived its
 lease never overwrites the result and events another run finished the stage with, nor starts a
@@ -11,11 +13,40 @@ finished stage again.
 
 from __future__ import annotations
 
-from idempotency.upsert import insert
+from django.db import connections
+
+from idempotency.models import Operation
+from idempotency.upsert import insert_statement
 
 from .models import StageRecord
 
 
-def save(records: list[StageRecord]) -> None:
-    """Insert these records, or update the unfinished ones already there, in one statement."""
-    insert(records, target=("operation", "stage"), update_unless="finished_at")
+def save(records: list[StageRecord]) -> bool:
+    """Insert these records, or update the unfinished ones already there, in one statement;
+    returns whether their job's cancel was requested (the database's word)."""
+    sql, params, alias = insert_statement(records, target=("operation", "stage"), update_unless="finished_at")
+    connection = connections[alias]
+    operation = records[0].operation_id
+    with connection.cursor() as cursor:
+        if connection.features.can_return_columns_from_insert:
+            quote = connection.ops.quote_name
+            meta = Operation._meta
+            cursor.execute(
+                f"{sql} RETURNING (SELECT {quote(meta.get_field('cancel_requested_at').column)} "
+                f"FROM {quote(meta.db_table)} WHERE {quote(meta.pk.column)} = %s)",
+                [*params, meta.pk.get_db_prep_value(operation, connection)],
+            )
+            rows = cursor.fetchall()
+            if rows:  # none when every record was finished already (a run that outlived its lease)
+                return any(row[0] is not None for row in rows)
+        else:
+            cursor.execute(sql, params)
+    return cancel_requested(operation)
+
+
+def cancel_requested(operation_id) -> bool:
+    return (
+        Operation.objects.filter(pk=operation_id, cancel_requested_at__isnull=False)
+        .values_list("pk", flat=True)
+        .exists()
+    )

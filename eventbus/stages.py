@@ -140,8 +140,10 @@ def run_stages(
     finished = {name: r for name, r in records.items() if r.finished_at is not None}
     results: dict[str, Any] = {}
     plan = job.plan()
-    # The stage whose start the last finish wrote with it (stagerecords: one write per stage).
+    # The stage whose start the last finish wrote with it (stagerecords: one write per stage),
+    # and whether the job's cancel was found requested by that write.
     started: str | None = None
+    cancelled = False
 
     def emit(stage: str, seq: int, data: dict) -> None:
         if not publish_event(domain, job_id, stage, seq, data):
@@ -156,12 +158,20 @@ def run_stages(
             results[planned.name] = record.result
             continue
         if started != planned.name:
-            if _cancel_recorded(operation):
-                raise JobCancelled(f"Job {job_id} was cancelled before stage {planned.name!r}")
-            if (due := _retry_due_in(records.get(planned.name))) > 0:
-                # A run before the retry is due (a duplicate message, the recovery): it waits too.
-                raise StageRetry(job_id, planned.name, due)
-            _start(records, operation, planned.name, then_save=True)
+            if _retry_due_in(records.get(planned.name)) > 0:
+                if not stagerecords.cancel_requested(operation.pk):
+                    # A run before the retry is due (a duplicate message, the recovery): it waits too.
+                    raise StageRetry(job_id, planned.name, _retry_due_in(records[planned.name]))
+                cancelled = True
+            else:
+                cancelled = _start(records, operation, planned.name)
+        if cancelled:
+            # The database's word (Redis may have lost the cancel flag), read with the write
+            # that started this stage: it is recorded as where the cancel stopped the job.
+            stopped = JobCancelled(f"Job {job_id} was cancelled before stage {planned.name!r}")
+            if planned.name in records and records[planned.name].finished_at is None:
+                _record_failure(operation, planned.name, stopped)
+            raise stopped
         attempt = records[planned.name].attempts
         logger.info("Job %s: stage %s, attempt %d", job_id, planned.name, attempt)
         ctx = StageContext(
@@ -180,7 +190,7 @@ def run_stages(
         try:
             result = run_stage(job, ctx)
             following = plan[index + 1].name if index + 1 < len(plan) else None
-            started = _finish(records, operation, planned.name, result, ctx.events, then_start=following)
+            started, cancelled = _finish(records, operation, planned.name, result, ctx.events, then_start=following)
             outcome = "completed"
         except RunStopped as exc:
             outcome = "timed_out" if isinstance(exc, DeadlinePassed) else None
@@ -218,12 +228,6 @@ def run_stages(
                 metrics.stage_attempt(domain, planned.name, outcome, time.monotonic() - ctx.started)
         results[planned.name] = result
     return results
-
-
-def _cancel_recorded(operation) -> bool:
-    """The database's word (Redis may have lost the cancel flag)."""
-    operation.refresh_from_db(fields=["cancel_requested_at"])
-    return operation.cancel_requested_at is not None
 
 
 def _cancelled_anyway(is_cancelled: Callable[[], bool]) -> bool:
@@ -291,40 +295,36 @@ def _retry_due_in(record: StageRecord | None) -> float:
     return (record.next_attempt_at - timezone.now()).total_seconds()
 
 
-def _start(records: dict[str, StageRecord], operation, stage: str, *, then_save: bool) -> StageRecord:
-    """The stage's record, one attempt more, started now (written when `then_save`; else the
-    caller writes it with the stage before it)."""
+def _start(records: dict[str, StageRecord], operation, stage: str, *, save: bool = True) -> bool:
+    """The stage's record, one attempt more, started now; written when `save` (else the caller
+    writes it with the stage before it). Returns whether the job's cancel was requested."""
     record = records.get(stage) or StageRecord(operation=operation, stage=stage)
     record.attempts += 1
     record.started_at = timezone.now()
     record.next_attempt_at = None
     records[stage] = record
-    if then_save:
-        stagerecords.save([record])
-    return record
+    return stagerecords.save([record]) if save else False
 
 
 def _finish(
     records: dict[str, StageRecord], operation, stage: str, result, events: list, *, then_start: str | None
-) -> str | None:
+) -> tuple[str | None, bool]:
     """Record the finished stage and, in the same write, start `then_start` (the next stage)
-    when it may start now: not finished, no retry of it waiting, the job not cancelled (the
-    database's word). Returns the stage it started, if any."""
+    unless it is finished or its retry waits. Returns the stage it started (or None) and
+    whether the job's cancel was requested (the database's word, read by that write)."""
     _refuse_nul(stage, "events", json.dumps(events, cls=DjangoJSONEncoder))
     record = records[stage]
     record.result, record.events, record.finished_at = result, events, timezone.now()
     # An earlier attempt's failure (retried, or a run that was interrupted) is over.
     record.error_type = record.error_message = record.error_traceback = record.failed_at = None
     following = records.get(then_start) if then_start else None
-    if then_start is None or (following is not None and following.finished_at is not None):
-        then_start = None
-    elif _retry_due_in(following) > 0 or _cancel_recorded(operation):
-        then_start = None  # the next stage's own checks say why, before it would start
+    if following is not None and (following.finished_at is not None or _retry_due_in(following) > 0):
+        then_start = None  # finished already, or its retry waits: the loop tells which
     rows = [record]
     if then_start is not None:
-        rows.append(_start(records, operation, then_start, then_save=False))
-    stagerecords.save(rows)
-    return then_start
+        _start(records, operation, then_start, save=False)
+        rows.append(records[then_start])
+    return then_start, stagerecords.save(rows)
 
 
 # -- failures -------------------------------------------------------------------------------------

@@ -18,14 +18,13 @@ from django.db import connections, router
 from django.db.models import Model
 
 
-def insert(objs: Sequence[Model], *, target: tuple[str, ...], update_unless: str | None = None) -> int:
-    """Insert `objs` (one model) in one statement; returns how many rows it wrote. A row whose
-    `target` fields (a unique constraint's) are taken is skipped or, with `update_unless`,
-    updated unless that field is set."""
-    if not objs:
-        return 0
+def insert_statement(
+    objs: Sequence[Model], *, target: tuple[str, ...], update_unless: str | None = None
+) -> tuple[str, list, str]:
+    """(sql, params, database alias) of insert(); the caller may append a RETURNING clause."""
     model = type(objs[0])
-    connection = connections[router.db_for_write(model)]
+    alias = router.db_for_write(model)
+    connection = connections[alias]
     quote = connection.ops.quote_name
     meta = model._meta
     fields = [f for f in meta.concrete_fields if not (f.primary_key and f.auto_created)]
@@ -45,6 +44,16 @@ def insert(objs: Sequence[Model], *, target: tuple[str, ...], update_unless: str
             f"WHERE {table}.{quote(meta.get_field(update_unless).column)} IS NULL"
         )
     params = [f.get_db_prep_save(f.pre_save(obj, add=True), connection) for obj in objs for f in fields]
-    with connection.cursor() as cursor:
+    return sql, params, alias
+
+
+def insert(objs: Sequence[Model], *, target: tuple[str, ...], update_unless: str | None = None) -> int:
+    """Insert `objs` (one model) in one statement; returns how many rows it wrote. A row whose
+    `target` fields (a unique constraint's) are taken is skipped or, with `update_unless`,
+    updated unless that field is set."""
+    if not objs:
+        return 0
+    sql, params, alias = insert_statement(objs, target=target, update_unless=update_unless)
+    with connections[alias].cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.rowcount
