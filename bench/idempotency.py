@@ -386,7 +386,7 @@ def summarise(runs: dict[str, list[Run]]) -> dict[str, dict]:
     return summary
 
 
-def checks(s: dict[str, dict]) -> list[tuple[str, float, str, bool]]:
+def checks(s: dict[str, dict]) -> list[tuple[str, float, str, bool | None]]:
     """Each ratio is the median over the rounds of the two scenarios' ratio within a round
     (they ran minutes apart at most), which the machine's other load disturbs least."""
 

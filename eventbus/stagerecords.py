@@ -16,7 +16,7 @@ from __future__ import annotations
 from django.db import connections
 
 from idempotency.models import Operation
-from idempotency.upsert import insert_statement
+from idempotency.upsert import column, insert_statement
 
 from .models import StageRecord
 
@@ -30,11 +30,12 @@ def save(records: list[StageRecord]) -> bool:
     with connection.cursor() as cursor:
         if connection.features.can_return_columns_from_insert:
             quote = connection.ops.quote_name
-            meta = Operation._meta
+            pk = Operation._meta.pk
+            assert pk is not None
             cursor.execute(
-                f"{sql} RETURNING (SELECT {quote(meta.get_field('cancel_requested_at').column)} "
-                f"FROM {quote(meta.db_table)} WHERE {quote(meta.pk.column)} = %s)",
-                [*params, meta.pk.get_db_prep_value(operation, connection)],
+                f"{sql} RETURNING (SELECT {quote(column(Operation, 'cancel_requested_at'))} "
+                f"FROM {quote(Operation._meta.db_table)} WHERE {quote(column(Operation, pk.name))} = %s)",
+                [*params, pk.get_db_prep_value(operation, connection)],
             )
             rows = cursor.fetchall()
             if rows:  # none when every record was finished already (a run that outlived its lease)

@@ -190,7 +190,9 @@ def run_stages(
         try:
             result = run_stage(job, ctx)
             following = plan[index + 1].name if index + 1 < len(plan) else None
-            started, cancelled = _finish(records, operation, planned.name, result, ctx.events, then_start=following)
+            started, cancelled = _finish(
+                records, operation, planned.name, result, ctx.events, then_start=following
+            )
             outcome = "completed"
         except RunStopped as exc:
             outcome = "timed_out" if isinstance(exc, DeadlinePassed) else None

@@ -15,7 +15,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from django.db import connections, router
-from django.db.models import Model
+from django.db.models import Field, Model
+
+
+def column(model: type[Model], name: str) -> str:
+    """The database column of the model's field `name` (a concrete field)."""
+    field = model._meta.get_field(name)
+    assert isinstance(field, Field) and field.column is not None, name
+    return field.column
 
 
 def insert_statement(
@@ -31,17 +38,17 @@ def insert_statement(
     table = quote(meta.db_table)
     row = "(" + ", ".join(["%s"] * len(fields)) + ")"
     sql = (
-        f"INSERT INTO {table} ({', '.join(quote(f.column) for f in fields)}) "
+        f"INSERT INTO {table} ({', '.join(quote(column(model, f.name)) for f in fields)}) "
         f"VALUES {', '.join([row] * len(objs))} "
-        f"ON CONFLICT ({', '.join(quote(meta.get_field(name).column) for name in target)}) "
+        f"ON CONFLICT ({', '.join(quote(column(model, name)) for name in target)}) "
     )
     if update_unless is None:
         sql += "DO NOTHING"
     else:
-        updated = [f for f in fields if f.name not in target and not f.primary_key]
+        updated = [column(model, f.name) for f in fields if f.name not in target and not f.primary_key]
         sql += (
-            f"DO UPDATE SET {', '.join(f'{quote(f.column)} = excluded.{quote(f.column)}' for f in updated)} "
-            f"WHERE {table}.{quote(meta.get_field(update_unless).column)} IS NULL"
+            f"DO UPDATE SET {', '.join(f'{quote(c)} = excluded.{quote(c)}' for c in updated)} "
+            f"WHERE {table}.{quote(column(model, update_unless))} IS NULL"
         )
     params = [f.get_db_prep_save(f.pre_save(obj, add=True), connection) for obj in objs for f in fields]
     return sql, params, alias
