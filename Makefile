@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.bench-installed
 
-.PHONY: run test lint setup redis browser bench bench-gateway bench-cluster chaos clean matrix test-newest smoke-newest
+.PHONY: run test lint setup redis browser bench bench-gateway bench-cluster bench-jobs chaos clean matrix test-newest smoke-newest
 
 $(STAMP): requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -72,6 +72,10 @@ bench-gateway: $(BENCH_STAMP)
 # per master, publish -> frame latency (bench/REPORT-cluster.md).
 bench-cluster: $(BENCH_STAMP)
 	$(PY) bench/cluster.py $(BENCH_CLUSTER_ARGS)
+
+# Jobs end to end, the headline: ours, Celery + Channels and DBOS Transact in one run (bench/REPORT-jobs.md).
+bench-jobs: $(BENCH_STAMP)
+	$(PY) bench/jobs.py $(BENCH_JOBS_ARGS)
 
 # The long exactly-once run under faults (tests/e2e/harness.py; the short one is in `make test`):
 # make chaos CHAOS_ARGS="--jobs 200 --clients 20 --duration 600"

@@ -76,7 +76,9 @@ class BaselineJobView(APIView):
         body.is_valid(raise_exception=True)
         job_id = f"u{request.user.pk}-{key}"
         self.start(job_id, key, body.validated_data["payload"])
-        return Response({"job_id": job_id, "domain": body.validated_data["domain"]}, status=status.HTTP_201_CREATED)
+        return Response(
+            {"job_id": job_id, "domain": body.validated_data["domain"]}, status=status.HTTP_201_CREATED
+        )
 
     def start(self, job_id: str, key: str, payload: dict) -> None:
         raise NotImplementedError

@@ -26,7 +26,16 @@ import threading
 
 from dbos import DBOS, DBOSConfig
 
-from bench.jobs_stages import DBOS_QUEUE, DBOS_STREAM, DBOS_WORKFLOW, STAGES, final_frame, progress_frame, work
+from bench.jobs_stages import (
+    DBOS_QUEUE,
+    DBOS_STREAM,
+    DBOS_WORKFLOW,
+    STAGES,
+    count_sqlalchemy_writes,
+    final_frame,
+    progress_frame,
+    work,
+)
 
 APP_NAME = "bench-jobs"
 
@@ -65,6 +74,7 @@ def main() -> None:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
+    count_sqlalchemy_writes()
     DBOS(config=config())
     DBOS.launch()
     concurrency = os.environ.get("BENCH_DBOS_WORKER_CONCURRENCY")

@@ -15,13 +15,14 @@ the figures are the stack's, not its limits').
 
 Environment (set by bench/jobs.py): DATABASE_URL, REDIS_URL (the system's own), BENCH_JOBS_SYSTEM,
 BENCH_CONN_MAX_AGE (the Celery workers' persistent connections; 0 in the ASGI servers, which run
-each sync request in a thread of its own).
+each sync request in a thread of its own), BENCH_DB_POOL (the ASGI servers: Django's psycopg pool,
+at most this many connections).
 """
 
 import os
 
 from config.settings.base import *  # noqa: F401,F403
-from config.settings.base import DATABASES, EVENTBUS, MIDDLEWARE, REDIS_URL, REST_FRAMEWORK
+from config.settings.base import DATABASES, EVENTBUS, INSTALLED_APPS, MIDDLEWARE, REDIS_URL, REST_FRAMEWORK
 
 SYSTEM = os.environ.get("BENCH_JOBS_SYSTEM", "ours")
 
@@ -29,6 +30,18 @@ DEBUG = False
 SECRET_KEY = "bench-jobs-only-key-not-a-secret"
 ALLOWED_HOSTS = ["127.0.0.1", "localhost"]
 DATABASES["default"]["CONN_MAX_AGE"] = int(os.environ.get("BENCH_CONN_MAX_AGE") or 0)
+if os.environ.get("BENCH_DB_POOL"):
+    # The ASGI servers: Django's psycopg pool (a request's thread takes a connection from it and
+    # gives it back), what Django's docs advise under ASGI instead of persistent connections.
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        "min_size": 2,
+        "max_size": int(os.environ["BENCH_DB_POOL"]),
+        "timeout": 30,
+    }
+
+# Every process's database writes counted (bench/jobs_stages.py), in all three systems alike.
+INSTALLED_APPS = [*INSTALLED_APPS, "bench.jobs_stages.WriteCounting"]
 
 REST_FRAMEWORK = {**REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": {"jobs": None}}
 EVENTBUS = {
