@@ -51,6 +51,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.children import Child
 from bench.database import BenchDatabase
 from bench.procstat import CLOCK_TICKS, cpu_seconds, run_info
 from config.redis_server import RedisServer, free_port  # noqa: E402
@@ -79,53 +80,6 @@ PROBE_SOCKETS = 5000  # the fan-out and blip probes run with this many sockets h
 
 
 # --- processes and /proc ----------------------------------------------------------------------
-
-
-class Child:
-    """One command in a session of its own, its output in a log file; stopped by stop()."""
-
-    def __init__(self, name: str, command: list[str], env: dict, log_dir: Path):
-        self.name, self.command, self.env = name, command, env
-        self.log_path = log_dir / f"{name}.log"
-        self.process: subprocess.Popen | None = None
-
-    def start(self) -> Child:
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(
-                self.command,
-                cwd=ROOT,
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        return self
-
-    @property
-    def pid(self) -> int:
-        assert self.process is not None, "not started"
-        return self.process.pid
-
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def log(self, tail: int = 3000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-tail:]
-        except OSError:
-            return ""
-
-    def stop(self, timeout: float = 20) -> None:
-        if not self.alive():
-            return
-        try:
-            os.killpg(self.pid, signal.SIGTERM)
-            self.process.wait(timeout=timeout)  # type: ignore[union-attr]  # alive(): started
-        except subprocess.TimeoutExpired:
-            os.killpg(self.pid, signal.SIGKILL)
-            self.process.wait(timeout=10)  # type: ignore[union-attr]
-        except ProcessLookupError:
-            pass
 
 
 def rss_kb(pid: int) -> dict[str, int]:
