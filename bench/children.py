@@ -12,6 +12,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def importable(module: str) -> bool:
+    """Whether a benchmark's own package is installed (bench/requirements.txt)."""
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def interrupted(signum, frame):
+    """SIGTERM as Ctrl-C: the benchmark's finally blocks stop its processes and drop its databases."""
+    raise KeyboardInterrupt
+
+
 class Child:
     """One command in a session of its own (signals reach its children too), its output in a file."""
 

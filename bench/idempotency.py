@@ -53,6 +53,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.children import importable, interrupted
 from bench.database import BenchDatabase
 from bench.procstat import cpu_model, cpu_seconds
 from config.redis_server import free_port
@@ -512,7 +513,7 @@ def main() -> int:
     parser.add_argument("--no-report", action="store_true", help="do not write bench/REPORT-idempotency.md")
     args = parser.parse_args()
 
-    missing = [m for m in ("gunicorn", "drf_idempotency", "idempotency_key") if not _importable(m)]
+    missing = [m for m in ("gunicorn", "drf_idempotency", "idempotency_key") if not importable(m)]
     if missing:
         print(
             f"missing {', '.join(missing)}: run `{sys.executable} -m pip install -r bench/requirements.txt`"
@@ -528,7 +529,7 @@ def main() -> int:
         print(f"WARNING: {db.warning}. The SPEC §9 targets are for PostgreSQL.", file=sys.stderr)
     redis_server = server = None
     tmp = tempfile.TemporaryDirectory(prefix="bench-idem-")
-    previous = {sig: signal.signal(sig, _interrupted) for sig in (signal.SIGTERM,)}
+    previous = {sig: signal.signal(sig, interrupted) for sig in (signal.SIGTERM,)}
     try:
         db.create()
         redis_server = RedisServer().start()
@@ -677,16 +678,6 @@ def _python() -> str:
         )
     except ValueError:
         return "python"
-
-
-def _importable(module: str) -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec(module) is not None
-
-
-def _interrupted(signum, frame):
-    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

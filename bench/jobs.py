@@ -75,7 +75,7 @@ from urllib.parse import urlsplit, urlunsplit
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.children import Child, proc_stat, session_pids
+from bench.children import Child, importable, interrupted, proc_stat, session_pids
 from bench.database import BenchDatabase, conninfo
 from bench.jobs_stages import DOMAIN, EXPECTED_SEQS, STAGES
 from bench.procstat import CLOCK_TICKS, cpu_model, cpu_seconds, run_info
@@ -1062,7 +1062,7 @@ def main() -> int:
     args = parser.parse_args()
     chosen = [s for s in SYSTEMS if not args.only or s in args.only.split(",")]
 
-    missing = [m for m in ("dbos", "channels_redis", "websockets") if not _importable(m)]
+    missing = [m for m in ("dbos", "channels_redis", "websockets") if not importable(m)]
     if missing:
         print(
             f"missing {', '.join(missing)}: run `make bench-jobs` (installs bench/requirements.txt)",
@@ -1080,7 +1080,7 @@ def main() -> int:
     ctx = Context(database.postgres_url, log_dir)
     systems: dict[str, System] = {}
     failed = True
-    signal.signal(signal.SIGTERM, _interrupted)
+    signal.signal(signal.SIGTERM, interrupted)
     try:
         starters = {"ours": start_ours, "channels": start_channels, "dbos": start_dbos}
         # ours' Redis first: this process's Django (migrate, the router's streams) reads its URL.
@@ -1242,16 +1242,6 @@ def _versions() -> dict[str, str]:
         name.replace("-", "_"): version(name)
         for name in ("celery", "channels", "channels-redis", "dbos", "uvicorn", "websockets")
     }
-
-
-def _importable(module: str) -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec(module) is not None
-
-
-def _interrupted(signum, frame):
-    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":
