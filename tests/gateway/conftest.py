@@ -1,8 +1,8 @@
 import asyncio
 import contextlib
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.test import Client
 
@@ -120,7 +120,14 @@ def _publish_and_route(job, seqs):
     Router(burst=True, consumer="test-router").run()
 
 
-publish_and_route = sync_to_async(_publish_and_route, thread_sensitive=False)
+# One thread of its own: the bus keeps one Redis connection per thread (eventbus.adapters.redis
+# holds it), so every call reuses the same one. A test that lowers Redis's maxclients to keep the
+# hub away relies on it: a call on another pool thread would need a new connection, refused.
+_publisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="test-publisher")
+
+
+async def publish_and_route(job, seqs) -> None:
+    await asyncio.get_running_loop().run_in_executor(_publisher, _publish_and_route, job, seqs)
 
 
 @contextlib.asynccontextmanager
