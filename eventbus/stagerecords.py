@@ -46,8 +46,5 @@ def save(records: list[StageRecord]) -> bool:
 
 
 def cancel_requested(operation_id) -> bool:
-    return (
-        Operation.objects.filter(pk=operation_id, cancel_requested_at__isnull=False)
-        .values_list("pk", flat=True)
-        .exists()
-    )
+    """Whether the job's cancel was requested (the database's word: Redis may have lost the flag)."""
+    return Operation.objects.filter(pk=operation_id, cancel_requested_at__isnull=False).exists()

@@ -158,13 +158,13 @@ def run_stages(
             results[planned.name] = record.result
             continue
         if started != planned.name:
-            if _retry_due_in(records.get(planned.name)) > 0:
+            if (due := _retry_due_in(records.get(planned.name))) > 0:
                 if not stagerecords.cancel_requested(operation.pk):
                     # A run before the retry is due (a duplicate message, the recovery): it waits too.
-                    raise StageRetry(job_id, planned.name, _retry_due_in(records[planned.name]))
+                    raise StageRetry(job_id, planned.name, due)
                 cancelled = True
             else:
-                cancelled = _start(records, operation, planned.name)
+                cancelled = stagerecords.save([_started(records, operation, planned.name)])
         if cancelled:
             # The database's word (Redis may have lost the cancel flag), read with the write
             # that started this stage: it is recorded as where the cancel stopped the job.
@@ -297,15 +297,15 @@ def _retry_due_in(record: StageRecord | None) -> float:
     return (record.next_attempt_at - timezone.now()).total_seconds()
 
 
-def _start(records: dict[str, StageRecord], operation, stage: str, *, save: bool = True) -> bool:
-    """The stage's record, one attempt more, started now; written when `save` (else the caller
-    writes it with the stage before it). Returns whether the job's cancel was requested."""
+def _started(records: dict[str, StageRecord], operation, stage: str) -> StageRecord:
+    """The stage's record (kept in `records`), one attempt more, started now; not written: the
+    caller saves it, alone or with the stage before it."""
     record = records.get(stage) or StageRecord(operation=operation, stage=stage)
     record.attempts += 1
     record.started_at = timezone.now()
     record.next_attempt_at = None
     records[stage] = record
-    return stagerecords.save([record]) if save else False
+    return record
 
 
 def _finish(
@@ -324,8 +324,7 @@ def _finish(
         then_start = None  # finished already, or its retry waits: the loop tells which
     rows = [record]
     if then_start is not None:
-        _start(records, operation, then_start, save=False)
-        rows.append(records[then_start])
+        rows.append(_started(records, operation, then_start))
     return then_start, stagerecords.save(rows)
 
 
