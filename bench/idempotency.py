@@ -55,6 +55,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.children import importable, interrupted
 from bench.database import BenchDatabase
+from bench.http_client import read_response
 from bench.procstat import cpu_model, cpu_seconds
 from config.redis_server import free_port
 from eventbus.redaction import masked_url
@@ -327,19 +328,6 @@ class Load:
         if scenario.layer and not scenario.replay:
             self.pools[scenario.layer].extend(result.completed_keys)
         return result
-
-
-async def read_response(reader) -> tuple[int, dict, bytes]:
-    head = await reader.readuntil(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    status = int(lines[0].split(" ", 2)[1])
-    headers = {}
-    for line in lines[1:]:
-        if ":" in line:
-            name, value = line.split(":", 1)
-            headers[name.strip().lower()] = value.strip()
-    body = await reader.readexactly(int(headers.get("content-length", "0")))
-    return status, headers, body
 
 
 # --- the report -----------------------------------------------------------------------------

@@ -77,6 +77,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.children import Child, importable, interrupted, proc_stat, session_pids
 from bench.database import BenchDatabase, conninfo
+from bench.http_client import read_response
 from bench.jobs_stages import DOMAIN, EXPECTED_SEQS, STAGES
 from bench.procstat import CLOCK_TICKS, cpu_model, cpu_seconds, run_info
 from config.redis_server import RedisServer, free_port
@@ -542,18 +543,6 @@ class Http:
         if self.writer is not None:
             self.writer.close()
         self.reader = self.writer = None
-
-
-async def read_response(reader: asyncio.StreamReader) -> tuple[int, dict, bytes]:
-    head = await reader.readuntil(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    status = int(lines[0].split(" ", 2)[1])
-    headers = {}
-    for line in lines[1:]:
-        if ":" in line:
-            name, value = line.split(":", 1)
-            headers[name.strip().lower()] = value.strip()
-    return status, headers, await reader.readexactly(int(headers.get("content-length", "0")))
 
 
 class Client:
