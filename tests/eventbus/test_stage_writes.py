@@ -97,3 +97,18 @@ def test_a_finish_never_overwrites_a_stage_another_run_finished(make_operation):
     done.refresh_from_db()
     assert done.result == {"by": "the run that finished it"}
     assert StageRecord.objects.get(operation=operation, stage="rule").attempts == 1
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("returning", [True, False])
+def test_a_stage_write_reports_the_jobs_cancel_with_or_without_returning(
+    make_operation, monkeypatch, returning
+):
+    """Where the database has no RETURNING (SQLite before 3.35), the write is followed by a read."""
+    monkeypatch.setattr(connection.features, "can_return_columns_from_insert", returning)
+    operation = make_operation("scan")
+    assert stagerecords.save([StageRecord(operation=operation, stage="vision", attempts=1)]) is False
+    Operation.objects.filter(pk=operation.pk).update(cancel_requested_at=operation.accepted_at)
+    with CaptureQueriesContext(connection) as queries:
+        assert stagerecords.save([StageRecord(operation=operation, stage="rule", attempts=1)]) is True
+    assert len(queries) == (1 if returning else 2)
