@@ -253,7 +253,8 @@ class Cluster:
 
     def shards(self) -> dict[str, list[str]]:
         """The shards ("domain:shard") each master owns now."""
-        from eventbus.keys import shard_count, tag
+        from eventbus.jobtypes import shard_count
+        from eventbus.keys import tag
 
         client = self.client()
         try:

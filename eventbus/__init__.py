@@ -1,8 +1,13 @@
 """The event bus: exactly-once publish (L1), the ordered router (L2, L3) and the reclaimer.
 
-`publish_event`, `publish_events`, the job services (`start_job`, `cancel_job`, `retry_job`) and
-their exceptions are imported on first use: importing
-the package (INSTALLED_APPS, the Celery app) must not pull in Redis clients or settings.
+Its public API, importable from here: publishing (`publish_event`, `publish_events`, `Event`
+and their errors), the job-type API a project declares its jobs with (`JobType`, `Stage`,
+`register` and the exceptions a stage raises or a caller catches: eventbus.jobtypes), `events_of`
+to test a job type without Redis or a worker, the job services (`start_job`, `cancel_job`,
+`retry_job`) and their exceptions, and the settings helpers for a Sentinel-managed Redis
+(`celery_broker`, `django_redis_cache`). Each is imported on first use: importing the package
+(INSTALLED_APPS, the Celery app, a settings module) must not pull in models, Redis clients or
+settings.
 """
 
 _EXPORTS = {
@@ -11,12 +16,23 @@ _EXPORTS = {
     "Event": "eventbus.publish",
     "InvalidEvent": "eventbus.publish",
     "OutOfOrderEvent": "eventbus.publish",
+    "JobType": "eventbus.jobtypes",
+    "Stage": "eventbus.jobtypes",
+    "register": "eventbus.jobtypes",
+    "InvalidPayload": "eventbus.jobtypes",
+    "JobFailed": "eventbus.jobtypes",
+    "JobCancelled": "eventbus.jobtypes",
+    "StageTimeout": "eventbus.jobtypes",
+    "UnknownJobType": "eventbus.jobtypes",
+    "events_of": "eventbus.testing",
     "start_job": "eventbus.services",
     "cancel_job": "eventbus.services",
     "retry_job": "eventbus.services",
     "JobEnded": "eventbus.exceptions",
     "JobNotRetryable": "eventbus.exceptions",
     "JobLimitReached": "eventbus.exceptions",
+    "celery_broker": "eventbus.sentinel",
+    "django_redis_cache": "eventbus.sentinel",
 }
 
 __all__ = list(_EXPORTS)

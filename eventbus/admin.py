@@ -29,7 +29,7 @@ from django.utils.timesince import timesince
 from redis.exceptions import RedisError
 
 from .delivery import streams_for
-from .keys import domains as all_domains
+from .jobtypes import domains as all_domains
 from .models import DeadLetter, StageRecord
 from .redis import get_redis
 from .redrive import dead_letters, redrive

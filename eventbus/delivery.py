@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from . import metrics
 from .conf import eventbus_settings
 from .entries import MalformedEntry, RoutedEvent, parse_entry
-from .keys import UnknownDomain, dead_letter_key, shard_count, stream_key
-from .keys import domains as all_domains
+from .jobtypes import UnknownDomain, shard_count
+from .jobtypes import domains as all_domains
+from .keys import dead_letter_key, stream_key
 from .redis import publish_command
 from .scripts import DEAD_LETTER, ROUTE, ScriptCall, classified
 
@@ -42,7 +43,7 @@ class Stream:
 
 
 def streams_for(domains: Iterable[str] | None = None) -> list[Stream]:
-    """Every shard stream of these domains (default: every domain, keys.domains()); an entry
+    """Every shard stream of these domains (default: every domain, jobtypes.domains()); an entry
     `domain:shard` names one shard (routers per shard on a Redis Cluster)."""
     streams: list[Stream] = []
     for name in list(domains) if domains else all_domains():

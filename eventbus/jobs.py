@@ -32,8 +32,8 @@ from idempotency.models import Operation
 
 from . import cancellation, lifecycle
 from .conf import eventbus_settings
-from .jobtypes import JobCancelled, JobFailed, JobType, UnknownJobType, job_type
-from .keys import JobKeys, UnknownDomain
+from .jobtypes import JobCancelled, JobFailed, JobType, UnknownDomain, UnknownJobType, job_type
+from .keys import JobKeys
 from .models import StageRecord
 from .redis import get_redis
 from .stages import DeadlinePassed, RunStopped, StageRetry, failure_of, publish_final, run_stages

@@ -41,6 +41,11 @@ event); `ctx.report(done=, of=)` moves it within a stage, `progress=` sets it ou
 
 Register a type with `@register`, in a `jobs` module of an installed app (imported at startup),
 or list its dotted path in EVENTBUS["JOB_TYPES"].
+
+This module owns the registry, and with it the domains: a domain (the name of a job's streams
+and keys) is a registered type's name or a name in EVENTBUS["DOMAINS"], which also overrides a
+type's `shards`. `domains()` and `shard_count()` answer for the whole bus (eventbus.keys places
+every key by them); what they build is dropped when EVENTBUS changes or a type registers.
 """
 
 from __future__ import annotations
@@ -53,6 +58,8 @@ from typing import Any, ClassVar
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.utils.module_loading import import_string
+
+from .conf import eventbus_settings
 
 FIRST_SEQ = 10
 DEFAULT_WIDTH = 10
@@ -94,6 +101,10 @@ class JobCancelled(Exception):
 
 class UnknownJobType(LookupError):
     pass
+
+
+class UnknownDomain(ValueError):
+    """Neither a registered job type's name nor a name in EVENTBUS["DOMAINS"]."""
 
 
 # Never retried, whatever a stage's retry_on says: the stage itself chose to end the job.
@@ -278,8 +289,6 @@ def registry() -> dict[str, type[JobType]]:
     """Every registered job type by name: those of EVENTBUS["JOB_TYPES"] and of @register."""
     global _registry
     if _registry is None:
-        from .conf import eventbus_settings
-
         types = dict(_DECORATED)
         for path in eventbus_settings.JOB_TYPES:
             _add(types, import_string(path))
@@ -287,13 +296,45 @@ def registry() -> dict[str, type[JobType]]:
     return _registry
 
 
-def _forget() -> None:
-    """Drop what was built from the registry and the settings (keys' shard counts too)."""
-    global _registry
-    from .keys import forget_shard_counts
+def job_type(name: str) -> type[JobType]:
+    try:
+        return registry()[name]
+    except (KeyError, TypeError):
+        raise UnknownJobType(f"No job type {name!r}; registered: {sorted(registry())}") from None
 
+
+def domains() -> list[str]:
+    """Every domain: the registered job types', then those only in EVENTBUS["DOMAINS"]."""
+    names = list(registry())
+    return names + [name for name in eventbus_settings.DOMAINS if name not in names]
+
+
+# Shard counts by domain, as the settings and the registry last gave them: every event
+# published or routed asks (eventbus.keys.JobKeys), and walking the settings each time was a
+# tenth of a publish. Forgotten with the registry.
+_shard_counts: dict[str, int] = {}
+
+
+def shard_count(domain: str) -> int:
+    """How many shard streams the domain has; UnknownDomain for a name that is no domain."""
+    try:
+        return _shard_counts[domain]
+    except (KeyError, TypeError):  # TypeError: not even a possible name (unhashable)
+        pass
+    try:
+        configured = eventbus_settings.DOMAINS.get(domain)
+        count = int(configured if configured is not None else registry()[domain].shards)
+    except (KeyError, TypeError):
+        raise UnknownDomain(f"Unknown domain {domain!r}; configured: {sorted(domains())}") from None
+    _shard_counts[domain] = count
+    return count
+
+
+def _forget() -> None:
+    """Drop what was built from the registrations and the settings: the registry, shard counts."""
+    global _registry
     _registry = None
-    forget_shard_counts()
+    _shard_counts.clear()
 
 
 def _on_setting_changed(*, setting, **kwargs):
@@ -302,10 +343,3 @@ def _on_setting_changed(*, setting, **kwargs):
 
 
 setting_changed.connect(_on_setting_changed, weak=False)
-
-
-def job_type(name: str) -> type[JobType]:
-    try:
-        return registry()[name]
-    except (KeyError, TypeError):
-        raise UnknownJobType(f"No job type {name!r}; registered: {sorted(registry())}") from None

@@ -1,8 +1,8 @@
 """Redis key layout. Every key of one job carries the hash tag {<domain>:<shard>}, so all
 keys a script touches share one Redis Cluster slot.
 
-A domain is a registered job type's name (eventbus.jobtypes), or a name in EVENTBUS["DOMAINS"],
-which also overrides a type's shard count. Seqs come from a job type's declared stages.
+Which domains exist and how many shards each has is the registry's (eventbus.jobtypes:
+`domains()`, `shard_count()`, UnknownDomain); this module only names the keys.
 """
 
 from __future__ import annotations
@@ -10,45 +10,7 @@ from __future__ import annotations
 import hashlib
 from functools import lru_cache
 
-from .conf import eventbus_settings
-
-
-class UnknownDomain(ValueError):
-    pass
-
-
-def domains() -> list[str]:
-    """Every domain: the registered job types', then those only in EVENTBUS["DOMAINS"]."""
-    from .jobtypes import registry
-
-    names = list(registry())
-    return names + [name for name in eventbus_settings.DOMAINS if name not in names]
-
-
-# Shard counts by domain, as the settings and the registry last gave them: every event
-# published or routed asks (JobKeys), and walking the settings each time was a tenth of a
-# publish. eventbus.jobtypes forgets them when EVENTBUS changes or a job type registers.
-_shard_counts: dict[str, int] = {}
-
-
-def shard_count(domain: str) -> int:
-    try:
-        return _shard_counts[domain]
-    except (KeyError, TypeError):  # TypeError: not even a possible name (unhashable)
-        pass
-    from .jobtypes import registry
-
-    try:
-        configured = eventbus_settings.DOMAINS.get(domain)
-        count = int(configured if configured is not None else registry()[domain].shards)
-    except (KeyError, TypeError):
-        raise UnknownDomain(f"Unknown domain {domain!r}; configured: {sorted(domains())}") from None
-    _shard_counts[domain] = count
-    return count
-
-
-def forget_shard_counts() -> None:
-    _shard_counts.clear()
+from .jobtypes import shard_count
 
 
 # A worker publishes a job's events one after the other, and the router routes them: the same

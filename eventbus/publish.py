@@ -27,7 +27,8 @@ from redis.exceptions import ResponseError
 from . import metrics
 from .conf import eventbus_settings
 from .entries import MAX_SEQ, encode_data, event_head
-from .keys import JobKeys, UnknownDomain
+from .jobtypes import UnknownDomain
+from .keys import JobKeys
 from .redis import get_redis, wait_replicas
 from .scripts import PUBLISH, CorruptKey, ScriptCall, run_pipelined  # noqa: F401 (CorruptKey, raised)
 

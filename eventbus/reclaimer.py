@@ -19,8 +19,9 @@ from redis.exceptions import ConnectionError, RedisError, ResponseError, Timeout
 from . import metrics
 from .conf import eventbus_settings
 from .delivery import DEFERRED, Delivery, Settlement, Stream, count_route_results
-from .keys import domains as all_domains
-from .keys import shard_count, stream_key
+from .jobtypes import domains as all_domains
+from .jobtypes import shard_count
+from .keys import stream_key
 from .redis import make_async_redis
 from .scripts import arun_pipelined
 from .worker import LoopWorker
@@ -55,7 +56,7 @@ def parse_xautoclaim(reply) -> tuple[str, list[tuple[str, dict]], list[str], int
 
 
 def stream_configs(domains: Iterable[str] | None = None) -> list[tuple[str, int]]:
-    """[(domain, shard_count), ...] of these domains (default: every domain, keys.domains())."""
+    """[(domain, shard_count), ...] of these domains (default: every domain, jobtypes.domains())."""
     return [(domain, shard_count(domain)) for domain in (domains or all_domains())]
 
 

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 
 from redis.exceptions import RedisError
 
-from .keys import JobKeys, UnknownDomain
+from .jobtypes import UnknownDomain
+from .keys import JobKeys
 from .redis import get_redis
 
 if TYPE_CHECKING:

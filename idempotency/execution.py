@@ -29,7 +29,6 @@ from .keys import IdemKey
 from .models import IdempotencyRecord
 from .responses import StoredResponse
 from .stores.base import Acquisition, BaseStore, Lease, Outcome
-from .stores.db import DatabaseStore
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +110,7 @@ class _AnsweredFirst(Exception):
 
 
 def run_locked(
-    store: DatabaseStore,
+    store: BaseStore,
     claim: Callable[[], Acquisition],
     work: Callable[[Acquisition], object],
     to_stored: Callable[[object], StoredResponse | Verdict],

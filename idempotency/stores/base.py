@@ -1,7 +1,11 @@
-"""The storage contract behind the middleware and the decorators.
+"""The storage contract behind the middleware and the decorators: every method they call on a
+store, and the values that pass between them and it.
 
 A store answers `acquire` with one of four outcomes and keeps the lease rules: only the
-holder of a lease token may `complete` or `fail` the record it leased.
+holder of a lease token may `complete` or `fail` the record it leased. A store that can hold a
+key by a lock of the work's own transaction instead (`lock_alias` names a database) also
+answers `claim`, and then takes the answer with `record_answer` (or `drop`s the claim) inside
+that transaction: see idempotency.execution.run_locked. The database store (db.py) keeps both.
 """
 
 from __future__ import annotations
@@ -9,14 +13,10 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 from django.utils import timezone
 
 from ..responses import StoredResponse
-
-if TYPE_CHECKING:
-    from .db import Claim
 
 
 class Outcome(enum.Enum):
@@ -38,6 +38,34 @@ class Lease:
 
 
 @dataclass(frozen=True, slots=True)
+class Found:
+    """A record as a store read it while claiming its key: what it answers, or what the answer
+    written under the claim takes over (compared and set on these fields)."""
+
+    pk: int
+    fingerprint: str
+    state: str
+    lease_token: str
+    lease_expires_at: datetime | None
+    expires_at: datetime
+    response_status: int | None
+    response_headers: list
+    response_body: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A key held by the lock of the work's transaction; what its answer is written with."""
+
+    lease: Lease  # token "": no record holds the key while the work runs
+    method: str
+    path: str
+    now: datetime
+    replaces: Found | None  # a record the answer takes over (FAILED, dead lease, expired)
+    using: str  # the database whose transaction holds the key
+
+
+@dataclass(frozen=True, slots=True)
 class Acquisition:
     outcome: Outcome
     lease: Lease | None = None  # with ACQUIRED
@@ -45,7 +73,7 @@ class Acquisition:
     response: StoredResponse | None = None  # with REPLAY
     expires_at: datetime | None = None  # with REPLAY: the record's expiry
     retry_after: int = 0  # with IN_FLIGHT
-    claim: Claim | None = None  # with ACQUIRED by DatabaseStore.claim (the key held by a transaction)
+    claim: Claim | None = None  # with ACQUIRED by claim() (the key held by a transaction)
 
 
 class BaseStore:
@@ -71,8 +99,46 @@ class BaseStore:
 
     def lock_alias(self, aliases: list[str]) -> str | None:
         """The database on which this store can hold a key by a lock of the work's transaction
-        (on `aliases`) instead of a durable lease; None: durable leases only (the default)."""
+        (on `aliases`) instead of a durable lease; None: durable leases only (the default), and
+        the four methods below are never called."""
         return None
+
+    def claim(
+        self,
+        *,
+        scope: str,
+        key: str,
+        fingerprint: str,
+        ttl_seconds: int,
+        method: str = "",
+        path: str = "",
+        using: str,
+    ) -> Acquisition:
+        """Inside the work's transaction on `using` (a lock_alias): hold the key until that
+        transaction ends. ACQUIRED carries a Claim; any other outcome is the key's answer."""
+        raise NotImplementedError(
+            "subclasses of BaseStore whose lock_alias() names a database must provide a claim() method"
+        )
+
+    def record_answer(self, claim: Claim, response: StoredResponse | None, *, last: bool = False) -> bool:
+        """In the claiming transaction: store `response` (COMPLETED), or with None keep the key
+        FAILED. False when another request stored first: the caller rolls the work back.
+        `last`: nothing else runs in the transaction after this."""
+        raise NotImplementedError(
+            "subclasses of BaseStore whose lock_alias() names a database must provide a record_answer() method"
+        )
+
+    def drop(self, claim: Claim) -> None:
+        """In the claiming transaction: the work was refused, the key is free again."""
+        raise NotImplementedError(
+            "subclasses of BaseStore whose lock_alias() names a database must provide a drop() method"
+        )
+
+    def answer_of_winner(self, *, scope: str, key: str, fingerprint: str) -> Acquisition:
+        """After record_answer() lost (the work rolled back): the answer the winner's record gives."""
+        raise NotImplementedError(
+            "subclasses of BaseStore whose lock_alias() names a database must provide an answer_of_winner() method"
+        )
 
     def complete(self, lease: Lease, response: StoredResponse) -> bool:
         """Store the answer if the lease is still held; False when it was taken over."""

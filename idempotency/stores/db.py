@@ -15,8 +15,7 @@ import hashlib
 import json
 import math
 import uuid
-from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from django.db import IntegrityError, connections, router, transaction
 
@@ -24,7 +23,7 @@ from ..adapters.django import ends_transaction, in_transaction
 from ..adapters.psycopg import literals
 from ..models import IdempotencyRecord
 from ..responses import StoredResponse
-from .base import Acquisition, BaseStore, Lease, Outcome
+from .base import Acquisition, BaseStore, Claim, Found, Lease, Outcome
 
 State = IdempotencyRecord.State
 # A record can change under us between the failed INSERT and the read; a few rounds settle it.
@@ -66,33 +65,6 @@ def lock_id(scope: str, key: str) -> int:
     sharing one (a 2**-64 chance) only make one of them wait (409) while the other runs."""
     digest = hashlib.blake2b(f"{scope}\0{key}".encode(), digest_size=8, person=b"idem-key").digest()
     return int.from_bytes(digest, "big", signed=True)
-
-
-@dataclass(frozen=True, slots=True)
-class Found:
-    """A record as claim() read it; it has what _answer(), _stored() and _take_over() use."""
-
-    pk: int
-    fingerprint: str
-    state: str
-    lease_token: str
-    lease_expires_at: datetime | None
-    expires_at: datetime
-    response_status: int | None
-    response_headers: list
-    response_body: bytes | None
-
-
-@dataclass(frozen=True, slots=True)
-class Claim:
-    """A key held by the lock of the work's transaction; what its answer is written with."""
-
-    lease: Lease  # token "": no record holds the key while the work runs
-    method: str
-    path: str
-    now: datetime
-    replaces: Found | None  # a record the answer takes over (FAILED, dead lease, expired)
-    using: str  # the database whose transaction holds the key
 
 
 def _columns(names) -> list[str]:

@@ -32,7 +32,8 @@ def state(client, domain: str, job_id: str) -> dict | None:
 
 
 def dead_letters(client, domain: str, shard: int | None = None) -> list[dict]:
-    from eventbus.keys import dead_letter_key, shard_count
+    from eventbus.jobtypes import shard_count
+    from eventbus.keys import dead_letter_key
 
     shards = range(shard_count(domain)) if shard is None else [shard]
     return [

@@ -9,7 +9,17 @@ import redis
 from django.core.exceptions import ImproperlyConfigured
 
 from eventbus import jobs
-from eventbus.jobtypes import JobType, Stage, UnknownJobType, job_type, register, registry
+from eventbus.jobtypes import (
+    JobType,
+    Stage,
+    UnknownDomain,
+    UnknownJobType,
+    domains,
+    job_type,
+    register,
+    registry,
+    shard_count,
+)
 from eventbus.keys import JobKeys
 from eventbus.models import StageRecord
 from eventbus.testing import events_of
@@ -115,6 +125,18 @@ def test_registered_by_decorator_or_by_setting(settings):
         job_type("scan")
     decorated = register(declare(name="decorated_type"))
     assert job_type("decorated_type") is decorated
+
+
+def test_domains_and_shard_counts_follow_the_setting_and_registrations(settings):
+    """The registry's shard counts are cached: dropped when EVENTBUS changes or a type registers."""
+    assert shard_count("scan") == job_type("scan").shards and "scan" in domains()
+    settings.EVENTBUS = {**settings.EVENTBUS, "DOMAINS": {"scan": 2, "plain": 3}}
+    assert (shard_count("scan"), shard_count("plain")) == (2, 3)
+    assert domains() == [*registry(), "plain"]
+    with pytest.raises(UnknownDomain, match="'late'"):
+        shard_count("late")
+    register(declare(name="late", shards=5))
+    assert shard_count("late") == 5 and "late" in domains()
 
 
 # The jobs API ----------------------------------------------------------------------------------

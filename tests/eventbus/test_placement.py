@@ -11,7 +11,8 @@ from django.core.management import CommandError, call_command
 from eventbus import placement as placement_module
 from eventbus import publish_events
 from eventbus.delivery import streams_for
-from eventbus.keys import JobKeys, shard_count
+from eventbus.jobtypes import shard_count
+from eventbus.keys import JobKeys
 from eventbus.placement import (
     ShardPlacement,
     SlotInDispute,

@@ -4,7 +4,7 @@ from django.core.management.base import CommandError
 
 from eventbus import metrics
 from eventbus.durability import check_durability
-from eventbus.keys import UnknownDomain
+from eventbus.jobtypes import UnknownDomain
 from eventbus.redis import get_redis
 
 

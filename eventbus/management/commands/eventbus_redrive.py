@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from eventbus.keys import UnknownDomain
+from eventbus.jobtypes import UnknownDomain
 from eventbus.redrive import redrive
 
 

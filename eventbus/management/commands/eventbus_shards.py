@@ -3,7 +3,7 @@ from dataclasses import asdict
 
 from django.core.management.base import BaseCommand, CommandError
 
-from eventbus.keys import UnknownDomain
+from eventbus.jobtypes import UnknownDomain
 from eventbus.placement import SlotInDispute, balance, is_balanced, placement, spread
 from eventbus.redis import get_redis, is_cluster
 
