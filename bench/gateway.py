@@ -3,7 +3,7 @@
 
 One run starts a private Redis, a database of its own (a SQLite file; on the PostgreSQL server
 of DATABASE_URL when that is PostgreSQL), migrates it, creates a user with a session and
---jobs jobs (Operations owned by the user), then one server process (uvicorn by default) serving config.asgi
+--jobs jobs (Job rows owned by the user), then one server process (uvicorn by default) serving config.asgi
 (config.settings.production: DEBUG off) and one `manage.py run_router`, and measures:
 
 1. Sockets held: --sockets WebSocket connections to /ws/jobs/<id>/ (session cookie, Origin),
@@ -173,11 +173,11 @@ def setup_django() -> None:
 
 
 def create_fixtures(jobs: int) -> tuple[str, list[str]]:
-    """A user, a logged-in session (its key) and `jobs` Operations of that user (their ids)."""
+    """A user, a logged-in session (its key) and `jobs` jobs of that user (their ids)."""
     from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY, get_user_model
     from django.contrib.sessions.backends.db import SessionStore
 
-    from idempotency.models import Operation
+    from eventbus.models import Job
 
     user = get_user_model().objects.create_user("bench", password=None)
     session = SessionStore()
@@ -185,20 +185,20 @@ def create_fixtures(jobs: int) -> tuple[str, list[str]]:
     session[BACKEND_SESSION_KEY] = "django.contrib.auth.backends.ModelBackend"
     session[HASH_SESSION_KEY] = user.get_session_auth_hash()
     session.save()
-    operations = [
-        Operation(
+    rows = [
+        Job(
             scope=f"bench:{user.pk}",
             idem_key=f"bench-{i}",
             owner=user,
             domain=DOMAIN,
             event_type="bench",
-            state=Operation.State.RUNNING,
+            state=Job.State.RUNNING,
         )
         for i in range(jobs)
     ]
-    Operation.objects.bulk_create(operations, batch_size=500)
+    Job.objects.bulk_create(rows, batch_size=500)
     assert session.session_key is not None  # saved above
-    return session.session_key, [str(op.op_id) for op in operations]
+    return session.session_key, [str(row.id) for row in rows]
 
 
 SERVER_NAMES = {

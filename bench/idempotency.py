@@ -6,7 +6,7 @@ PostgreSQL server of DATABASE_URL, or postgres://postgres@127.0.0.1:5432/test wh
 answers; else a SQLite file, with a warning: the SPEC target is for PostgreSQL), migrates it,
 creates a user and a DRF token, starts one gunicorn server (gthread workers; `--server daphne`
 for the project's ASGI server) with bench/settings.py, and drives the jobs create
-(validate, accept an Operation, 201) through keep-alive connections:
+(validate, accept a Job, 201) through keep-alive connections:
 
     baseline     /bench/baseline/  the same view without any idempotency layer (atomic)
     ours:first   /api/jobs/        our middleware, every request a new key
@@ -623,14 +623,14 @@ def main() -> int:
 
 
 def _measure(load: Load, sc: Scenario, duration: float, tag: str, meter: CpuMeter) -> Run:
-    from idempotency.models import Operation
+    from eventbus.models import Job
 
-    before = Operation.objects.count() if sc.replay else 0
+    before = Job.objects.count() if sc.replay else 0
     cpu_before = meter.snapshot()
     run = load.run(sc, duration, tag)
     run.cpu = meter.since(cpu_before)
     if sc.replay:
-        executed = Operation.objects.count() - before
+        executed = Job.objects.count() - before
         if executed:
             run.errors["view executed on replay"] = executed
     return run

@@ -956,7 +956,7 @@ the Celery workers keep theirs (CONN_MAX_AGE 300), DBOS's processes use its SQLA
 ## What each system is
 
 - **ours**: {descriptions["ours"]}. `POST /api/jobs/` (token, `Idempotency-Key`; the idempotency
-  middleware, the Operation and its task enqueued on commit), the Celery task runs the four stages
+  middleware, the Job and its task enqueued on commit), the Celery task runs the four stages
   (each recorded, each publishing its event through publish.lua), `run_router` routes them
   (ordered state, history, PUBLISH), the gateway's socket `/ws/jobs/<job_id>/` (session cookie),
   opened once the POST answered, backfills from the history and then streams live.

@@ -1,5 +1,16 @@
-"""The admin of jobs' stage records: read-only (runs write them), a failed stage's traceback
-shown to staff with the view permission. Every permission is the model's own: a user without
+"""The admin of jobs (under "Jobs": jobs, stage records, dead letters), every action and page
+behind the model's permissions.
+
+Jobs are read-only: the list by state and type; a job's page shows whose keys it is under (its
+owner), its stages as a timeline (each declared stage of its type, in order, from its
+StageRecord) and its events (those its stages recorded, the durable source, and its final event
+from Redis while the bus keeps it), and the jobs of its retry chain as links. Cancelling or
+retrying jobs (eventbus.services) changes what runs: the actions need `eventbus.change_job`.
+Everything shown goes through format_html: a payload, an error message or an event's data is
+text, never markup.
+
+Stage records are read-only too (runs write them), a failed stage's traceback shown to staff
+with the view permission. Every permission is the model's own: a user without
 `eventbus.view_stagerecord` sees nothing of them, nobody adds or edits one, and deleting one (a
 re-run then does its stage again) takes `eventbus.delete_stagerecord`.
 
@@ -17,31 +28,255 @@ job's letters must go back in seq order, which redrive() keeps; malformed ones s
 the command. The list shows each shard's oldest SHOWN_PER_SHARD letters and every shard's count.
 """
 
+import json
 from datetime import UTC, datetime
+from urllib.parse import unquote
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.http import HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
-from django.utils.html import format_html
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
 from django.utils.timesince import timesince
 from redis.exceptions import RedisError
 
 from .delivery import streams_for
 from .jobtypes import domains as all_domains
-from .models import DeadLetter, StageRecord
+from .models import DeadLetter, Job, StageRecord
 from .redis import get_redis
 from .redrive import dead_letters, redrive
+from .selectors import job_stages, latest_event
+from .services import cancel_job, owner_scope, retry_job, retry_key
 
 REDRIVE_PERMISSION = "redrive_deadletter"
 SHOWN_PER_SHARD = 200
+# An event's data on a job's page: its start, so that a job of many events stays one page.
+SHOWN_EVENT_CHARS = 200
+
+
+class JobTypeFilter(admin.AllValuesFieldListFilter):
+    """The domain filter, named for what it is to an operator: the job's type."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.title = "job type"
+
+
+@admin.register(Job)
+class JobAdmin(admin.ModelAdmin):
+    """Jobs, read-only: the list by state and type; a job's page shows whose it is, its stages as
+    a timeline, its events and the jobs of its retry chain. See the module docstring."""
+
+    list_display = ("id", "domain", "state", "owner", "accepted_at", "duration", "idem_key", "retried_job")
+    list_filter = ("state", ("domain", JobTypeFilter), "event_type", "accepted_at")
+    list_select_related = ("owner",)  # the owner column: one query for the page, not one a row
+    search_fields = ("id", "idem_key", "biz_key", "owner__username")
+    date_hierarchy = "accepted_at"
+    fieldsets = (
+        (
+            None,
+            {
+                "fields": (
+                    "id",
+                    "domain",
+                    "event_type",
+                    "state",
+                    "owner",
+                    "keyspace",
+                    "idem_key",
+                    "biz_key",
+                    "payload",
+                    "accepted_at",
+                    "enqueued_at",
+                    "completed_at",
+                    "duration",
+                    "deadline",
+                    "cancel_requested_at",
+                    "retry_of_link",
+                    "retries_links",
+                )
+            },
+        ),
+        ("Stages", {"fields": ("timeline",)}),
+        ("Events", {"fields": ("events",)}),
+    )
+    readonly_fields = [f.name for f in Job._meta.fields] + [
+        "keyspace",
+        "duration",
+        "retry_of_link",
+        "retries_links",
+        "timeline",
+        "events",
+    ]
+    raw_id_fields = ("owner",)
+    actions = ("cancel_jobs", "retry_jobs")
+
+    @admin.display(description="duration")
+    def duration(self, job):
+        """From acceptance to the end (or to now, for a job not ended)."""
+        return _duration(job.accepted_at, job.completed_at or timezone.now()) if job.accepted_at else "-"
+
+    @admin.display(description="keys of")
+    def keyspace(self, job):
+        """Whose keyspace the job's key lives in, as a person reads it: its owner's (the scope the
+        jobs API and start_job give it), or the tenant and principal of another scope."""
+        owner = f"{job.owner} (user {job.owner_id})" if job.owner_id else "no owner"
+        if job.scope == owner_scope(job.owner):
+            return owner
+        tenant, _, principal = job.scope.partition(":")
+        return f"{owner}; tenant {unquote(tenant)}, principal {unquote(principal) or '-'}"
+
+    @admin.display(description="retry of")
+    def retried_job(self, job):
+        return job.retry_of_id or "-"  # the id: the job itself would be a query per row
+
+    @admin.display(description="retry of")
+    def retry_of_link(self, job):
+        return _job_link(job.retry_of_id) if job.retry_of_id else "-"
+
+    @admin.display(description="retried by")
+    def retries_links(self, job):
+        retries = list(job.retries.order_by("accepted_at").values_list("pk", "state"))
+        if not retries:
+            return "-"
+        return format_html_join(", ", "{} ({})", ((_job_link(pk), state) for pk, state in retries))
+
+    @admin.display(description="timeline")
+    def timeline(self, job):
+        rows = job_stages(job)
+        if not rows:
+            return "-"
+        body = format_html_join(
+            "",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
+            "<td>{}</td><td>{}</td><td>{}</td></tr>",
+            (_stage_cells(index, row) for index, row in enumerate(rows, 1)),
+        )
+        return format_html(
+            "<table><thead><tr><th>#</th><th>stage</th><th>state</th><th>attempts</th><th>started</th>"
+            "<th>finished</th><th>failed</th><th>next attempt</th><th>duration</th><th>error</th>"
+            "</tr></thead><tbody>{}</tbody></table>",
+            body,
+        )
+
+    @admin.display(description="events")
+    def events(self, job):
+        """The events its stages recorded (durable), then its final event from Redis while the
+        bus keeps it (EVENTBUS["STATE_TTL"])."""
+        events = [
+            (seq, stage, data)
+            for record in job.stage_records.order_by("started_at", "pk")
+            for stage, seq, data in record.events
+        ]
+        events.sort(key=lambda event: event[0])
+        latest = latest_event(job.domain, str(job.id))
+        if (
+            latest
+            and isinstance(latest.get("seq"), int)
+            and latest["seq"] > max((e[0] for e in events), default=0)
+        ):
+            events.append((latest["seq"], f"{latest.get('stage', '?')} (Redis)", latest.get("data")))
+        if not events:
+            return "-"
+        return format_html(
+            "<table><thead><tr><th>seq</th><th>stage</th><th>data</th></tr></thead><tbody>{}</tbody></table>",
+            format_html_join(
+                "",
+                "<tr><td>{}</td><td>{}</td><td><code>{}</code></td></tr>",
+                ((seq, stage, _shorten(data)) for seq, stage, data in events),
+            ),
+        )
+
+    def has_add_permission(self, request):
+        return False
+
+    def get_actions(self, request, action_location=None):
+        # Django 6.1 says where the actions show (change list or change form) and deprecates an
+        # override without the parameter; 5.2 and 6.0 have no such parameter.
+        if action_location is None:
+            actions = super().get_actions(request)
+        else:
+            actions = super().get_actions(request, action_location=action_location)
+        return actions
+
+    @admin.action(permissions=["change"], description="Cancel the selected jobs")
+    def cancel_jobs(self, request, queryset):
+        cancelled = ended = 0
+        for job_id in queryset.values_list("id", flat=True):
+            try:
+                cancel_job(job_id)
+                cancelled += 1
+            except Exception as exc:  # JobEnded, or the job deleted meanwhile
+                ended += 1
+                self.message_user(request, f"{job_id}: {exc}", messages.WARNING)
+        self.message_user(request, f"Cancelled {cancelled} job(s); {ended} had ended.", messages.SUCCESS)
+
+    @admin.action(
+        permissions=["change"], description="Retry the selected jobs (FAILED, TIMED_OUT or CANCELLED)"
+    )
+    def retry_jobs(self, request, queryset):
+        retried = 0
+        for job in queryset.select_related(None).only("id"):  # the list's join is not needed
+            try:
+                # The bulk key: the command and this action retry each job once between them.
+                new, created = retry_job(job.id, key=retry_key(job))
+            except Exception as exc:  # JobNotRetryable, the owner's running cap
+                self.message_user(request, f"{job.id}: {exc}", messages.WARNING)
+                continue
+            retried += created
+        self.message_user(request, f"Retried {retried} job(s).", messages.SUCCESS)
+
+
+def _job_link(pk):
+    return format_html('<a href="{}">{}</a>', reverse("admin:eventbus_job_change", args=[pk]), pk)
+
+
+def _duration(start: datetime | None, end: datetime | None) -> str:
+    if start is None or end is None:
+        return "-"
+    seconds = max((end - start).total_seconds(), 0.0)
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, seconds = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{seconds:02d}" if hours else f"{minutes} min {seconds:02d} s"
+
+
+def _when(moment: datetime | None) -> str:
+    """To the millisecond, in the current time zone: a stage's times are seconds apart."""
+    return timezone.localtime(moment).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] if moment else "-"
+
+
+def _stage_cells(index: int, row) -> tuple:
+    record = row.record
+    if record is None:
+        return (index, f"{row.label} ({row.name})", row.state, 0, "-", "-", "-", "-", "-", "")
+    error = f"{record.error_type}: {record.error_message}" if record.error_type else ""
+    return (
+        index,
+        f"{row.label} ({row.name})",
+        row.state,
+        record.attempts,
+        _when(record.started_at),
+        _when(record.finished_at),
+        _when(record.failed_at),
+        _when(record.next_attempt_at),
+        _duration(record.started_at, record.finished_at),
+        error,
+    )
+
+
+def _shorten(data) -> str:
+    text = json.dumps(data, ensure_ascii=False, default=str)
+    return text if len(text) <= SHOWN_EVENT_CHARS else text[:SHOWN_EVENT_CHARS] + "…"
 
 
 @admin.register(StageRecord)
 class StageRecordAdmin(admin.ModelAdmin):
     list_display = (
-        "operation_id",
+        "job_id",
         "stage",
         "attempts",
         "started_at",
@@ -51,12 +286,12 @@ class StageRecordAdmin(admin.ModelAdmin):
         "next_attempt_at",
     )
     list_filter = ("stage", "error_type")
-    # A job's id, whole or in part (the operation's op_id is its primary key).
-    search_fields = ("operation__op_id",)
+    # A job's id, whole or in part.
+    search_fields = ("job__id",)
     list_select_related = False
     ordering = ("-started_at",)
     fields = (
-        "operation",
+        "job",
         "stage",
         "attempts",
         "started_at",

@@ -18,7 +18,7 @@ class JobEnded(JobServiceError):
     problem_type = "urn:problem:job-ended"
 
     def __init__(self, job):
-        super().__init__(f"Job {job.op_id} is {job.state}: it has ended, there is nothing to cancel.")
+        super().__init__(f"Job {job.id} is {job.state}: it has ended, there is nothing to cancel.")
         self.job = job
 
 
@@ -31,7 +31,7 @@ class JobNotRetryable(JobServiceError):
 
     def __init__(self, job):
         super().__init__(
-            f"Job {job.op_id} is {job.state}: only a FAILED, TIMED_OUT or CANCELLED job can be retried."
+            f"Job {job.id} is {job.state}: only a FAILED, TIMED_OUT or CANCELLED job can be retried."
         )
         self.job = job
 

@@ -6,12 +6,9 @@ together pass the cap by a few jobs. It bounds what one user can queue, not an e
 
 from __future__ import annotations
 
-from idempotency.models import Operation
-
 from .conf import eventbus_settings
 from .exceptions import JobLimitReached
-
-RUNNING_STATES = (Operation.State.PENDING, Operation.State.RUNNING)
+from .models import Job
 
 
 def check_running_cap(owner) -> None:
@@ -21,6 +18,6 @@ def check_running_cap(owner) -> None:
     if cap is None or owner is None or owner.pk is None:
         return
     # Counted up to the cap only: a user far over it (the cap lowered) costs no more.
-    running = Operation.objects.filter(owner=owner, state__in=RUNNING_STATES).values("pk")[:cap].count()
+    running = Job.objects.filter(owner=owner, state__in=Job.UNFINISHED_STATES).values("pk")[:cap].count()
     if running >= cap:
         raise JobLimitReached(retry_after=eventbus_settings.MAX_RUNNING_JOBS_RETRY_AFTER)

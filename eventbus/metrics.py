@@ -175,14 +175,13 @@ class JobsInFlight:
         from django.db import DatabaseError
         from django.db.models import Count
 
-        from idempotency.models import Operation
-
         from .jobtypes import registry
+        from .models import Job
 
-        State = Operation.State
+        State = Job.State
         try:
             rows = list(
-                Operation.objects.filter(state__in=(State.PENDING, State.RUNNING))
+                Job.objects.filter(state__in=Job.UNFINISHED_STATES)
                 .values_list("domain", "state")
                 .annotate(count=Count("pk"))
                 .order_by()

@@ -1,8 +1,75 @@
+"""The event bus's models: the job (Job, its states, its stages' records) and the dead letters'
+stand-in for the admin.
+
+A Job is accepted once per (scope, Idempotency-Key) by idempotency's generic accept-once
+(idempotency.services.accept_once, used by eventbus.services), changes state only in
+eventbus.lifecycle, and is read through eventbus.selectors.
+"""
+
+import uuid
+
+from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 from django.utils import timezone
 
-from idempotency.models import Operation
+
+class Job(models.Model):
+    """An accepted job: exactly one per (scope, Idempotency-Key). Its run (eventbus.runs) works
+    through the stages its type (`domain`) declares, recorded in StageRecord."""
+
+    class State(models.TextChoices):
+        PENDING = "PENDING"
+        RUNNING = "RUNNING"
+        COMPLETED = "COMPLETED"
+        FAILED = "FAILED"
+        TIMED_OUT = "TIMED_OUT"
+        CANCELLED = "CANCELLED"
+
+    # Not ended yet: what the running cap counts and the recovery watches.
+    UNFINISHED_STATES = (State.PENDING, State.RUNNING)
+    # Never left once reached (eventbus.lifecycle): the job has ended.
+    FINAL_STATES = (State.COMPLETED, State.FAILED, State.TIMED_OUT, State.CANCELLED)
+    # What retry_job takes: the jobs that did not complete.
+    RETRYABLE_STATES = (State.FAILED, State.TIMED_OUT, State.CANCELLED)
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    scope = models.CharField(max_length=255)
+    idem_key = models.CharField(max_length=255)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE, related_name="jobs"
+    )
+    domain = models.CharField(max_length=32)
+    event_type = models.CharField(max_length=64)
+    biz_key = models.CharField(max_length=255, blank=True)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
+    payload = models.JSONField(default=dict, blank=True)
+    accepted_at = models.DateTimeField(default=timezone.now)
+    enqueued_at = models.DateTimeField(null=True, blank=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+    deadline = models.DateTimeField(null=True, blank=True)
+    # The job this one retries (eventbus.retry_job): it reuses that job's finished stages, and
+    # its stages' keys are those of the first job of the chain.
+    retry_of = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="retries"
+    )
+    # eventbus.cancel_job asked the running job to stop; its run ends it CANCELLED.
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["scope", "idem_key"], name="job_scope_idem_key")]
+        indexes = [
+            models.Index(fields=["owner", "-accepted_at"], name="job_owner_accepted_at"),
+            models.Index(fields=["state", "enqueued_at"], name="job_state_enqueued_at"),
+        ]
+
+    def __str__(self):
+        return f"{self.domain} {self.id} ({self.state})"
+
+    @property
+    def ended(self) -> bool:
+        return self.state in self.FINAL_STATES
+
 
 # A stage's states, as StageRecord.state names them; PENDING is a declared stage with no record.
 STAGE_STATES = ("PENDING", "RUNNING", "RETRYING", "COMPLETED", "FAILED")
@@ -12,7 +79,7 @@ class StageRecord(models.Model):
     """One stage of one job: how many runs started it and, once it finished, its result and
     the events it reported. A re-run of the job skips a finished stage and reuses these."""
 
-    operation = models.ForeignKey(Operation, on_delete=models.CASCADE, related_name="stage_records")
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="stage_records")
     stage = models.CharField(max_length=64)
     attempts = models.PositiveIntegerField(default=0, help_text="runs that started this stage")
     # The stage's result in its JSON form (eventbus.stages.recorded).
@@ -33,13 +100,11 @@ class StageRecord(models.Model):
     next_attempt_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        constraints = [
-            models.UniqueConstraint(fields=["operation", "stage"], name="stage_record_operation_stage")
-        ]
+        constraints = [models.UniqueConstraint(fields=["job", "stage"], name="stage_record_job_stage")]
 
     def __str__(self):
         status = "finished" if self.finished_at else "failed" if self.error_type else "in flight"
-        return f"{self.operation_id} {self.stage} ({status})"
+        return f"{self.job_id} {self.stage} ({status})"
 
     @property
     def finished(self) -> bool:

@@ -26,8 +26,8 @@ from redis.exceptions import RedisError
 
 from . import lifecycle
 from .conf import eventbus_settings
-from .jobs import RunLease, time_out
 from .redis import get_redis
+from .runs import RunLease, time_out
 from .tasks import enqueue
 
 logger = logging.getLogger(__name__)
@@ -35,10 +35,10 @@ logger = logging.getLogger(__name__)
 
 def stranded(*, quiet_since, limit: int):
     """Unfinished jobs enqueued at least once whose last sign of life is older than `quiet_since`."""
-    from idempotency.models import Operation
+    from .models import Job
 
     return (
-        Operation.objects.filter(
+        Job.objects.filter(
             state__in=(lifecycle.State.PENDING, lifecycle.State.RUNNING), enqueued_at__isnull=False
         )
         .annotate(
@@ -60,24 +60,24 @@ def recover_stranded(*, limit: int = 1000) -> int:
     quiet_since = timezone.now() - timedelta(seconds=eventbus_settings.RECOVER_AFTER)
     client = get_redis()
     recovered = 0
-    for operation in stranded(quiet_since=quiet_since, limit=limit):
-        if lifecycle.past_deadline(operation):
-            time_out(operation)
+    for job in stranded(quiet_since=quiet_since, limit=limit):
+        if lifecycle.past_deadline(job):
+            time_out(job)
             recovered += 1
             continue
         try:
-            if client.exists(RunLease(operation, client=client).key):
+            if client.exists(RunLease(job, client=client).key):
                 continue  # a live run holds it: a stage that reports rarely, not a lost run
         except RedisError:
             logger.warning("Recovery: Redis unreachable; trying again next pass", exc_info=True)
             break
         logger.warning(
             "Job %s (%s) shows no sign of life since %s: enqueued again",
-            operation.op_id,
-            operation.state,
+            job.id,
+            job.state,
             quiet_since.isoformat(),
         )
-        if not enqueue(operation, again=True):
+        if not enqueue(job, again=True):
             break  # the broker is down: the next pass tries again
         recovered += 1
     return recovered

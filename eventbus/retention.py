@@ -1,4 +1,4 @@
-"""How long ended jobs are kept: `delete_ended_jobs` removes the jobs (idempotency's Operation)
+"""How long ended jobs are kept: `delete_ended_jobs` removes the jobs (eventbus.models.Job)
 that ended longer than EVENTBUS["KEEP_ENDED_JOBS"] seconds ago, with their stage records, in
 batches; the `cleanup_jobs` command runs it. A PENDING or RUNNING job is never deleted, nor one
 whose end has no time (completed_at unset).
@@ -15,10 +15,7 @@ from datetime import datetime, timedelta
 from django.db import transaction
 from django.utils import timezone
 
-from idempotency.models import Operation
-
-from .lifecycle import FINAL_STATES
-from .models import StageRecord
+from .models import Job, StageRecord
 
 BATCH_SIZE = 500
 
@@ -32,7 +29,7 @@ class Deleted:
 def ended_jobs(*, older_than: timedelta, now: datetime | None = None):
     """The jobs in a final state that ended before now - older_than."""
     cutoff = (now or timezone.now()) - older_than
-    return Operation.objects.filter(state__in=FINAL_STATES, completed_at__lt=cutoff)
+    return Job.objects.filter(state__in=Job.FINAL_STATES, completed_at__lt=cutoff)
 
 
 def delete_ended_jobs(
@@ -42,13 +39,13 @@ def delete_ended_jobs(
     transaction (a long table is never locked at once); with `dry_run`, only count them."""
     jobs = ended_jobs(older_than=older_than, now=now)
     if dry_run:
-        return Deleted(jobs.count(), StageRecord.objects.filter(operation__in=jobs).count())
+        return Deleted(jobs.count(), StageRecord.objects.filter(job__in=jobs).count())
     total_jobs = total_records = 0
     while batch := list(jobs.values_list("pk", flat=True)[:batch_size]):
         with transaction.atomic():
             # The batch's rows, checked again: a job cannot leave a final state, but the filter
             # keeps the delete to what was selected whatever happens meanwhile.
             _, counts = jobs.filter(pk__in=batch).delete()  # cascades to StageRecord
-        total_jobs += counts.get(Operation._meta.label, 0)
+        total_jobs += counts.get(Job._meta.label, 0)
         total_records += counts.get(StageRecord._meta.label, 0)
     return Deleted(total_jobs, total_records)

@@ -1,10 +1,18 @@
-"""Reads of the bus's per-job data (HackSoft-style selectors: no writes here)."""
+"""Reads of jobs and of the bus's per-job data (HackSoft-style selectors: no writes here).
+
+Whoever reads a job outside the event bus (the gateway's API, its WebSocket stream and the
+states it reads again after a Redis blip) reads it here: which jobs a user sees, the list, one
+job, its stage records, its latest event, its stages as a timeline. The models are imported
+where they are read: the gateway's modules import this one before Django's app registry is
+ready (the ASGI application's import).
+"""
 
 from __future__ import annotations
 
 import json
 import logging
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from redis.exceptions import RedisError
@@ -14,9 +22,91 @@ from .keys import JobKeys
 from .redis import get_redis
 
 if TYPE_CHECKING:
-    from .models import StageRecord
+    from .models import Job, StageRecord
 
 logger = logging.getLogger(__name__)
+
+# The job model's view permission (superusers have it): it opens every user's jobs. is_staff
+# alone opens none; it only lets a user into the admin, where model permissions rule too.
+VIEW_EVERY_JOB = "eventbus.view_job"
+STATES_BATCH = 500  # ids per query (job_states): well under any database's limit on parameters
+
+
+def visible_jobs(user):
+    """A user sees their own jobs; a user with the job model's view permission sees every job."""
+    from .models import Job
+
+    if not user.is_authenticated:
+        return Job.objects.none()
+    if user.has_perm(VIEW_EVERY_JOB):
+        return Job.objects.all()
+    return Job.objects.filter(owner=user)
+
+
+def visible_job(user, job_id) -> Job | None:
+    """The job, if `user` sees it (visible_jobs), else None."""
+    return visible_jobs(user).filter(id=job_id).first()
+
+
+def job_list(user, *, state: str | None = None, domain: str | None = None):
+    """The jobs `user` sees, newest first (the list shows no payload: it is not read)."""
+    jobs = visible_jobs(user)
+    if state:
+        jobs = jobs.filter(state=state)
+    if domain:
+        jobs = jobs.filter(domain=domain)
+    # The id breaks ties of one instant, so that pages neither repeat nor skip a job.
+    return jobs.defer("payload").order_by("-accepted_at", "-id")
+
+
+def job_to_stream(user, job_id) -> Job | None:
+    """What a job's WebSocket stream needs of it (its id, type, state and acceptance time), if
+    `user` sees it, else None."""
+    return visible_jobs(user).filter(id=job_id).only("id", "domain", "state", "accepted_at").first()
+
+
+def job_outcome(job_id) -> Job:
+    """The job's state and type, read again (Job.DoesNotExist when it was deleted)."""
+    from .models import Job
+
+    return Job.objects.only("state", "domain").get(pk=job_id)
+
+
+def job_states(job_ids: list) -> dict:
+    """{job id: state} of the jobs that exist among `job_ids` (one query per 500 of them)."""
+    from .models import Job
+
+    found: dict = {}
+    for start in range(0, len(job_ids), STATES_BATCH):
+        found.update(
+            Job.objects.filter(pk__in=job_ids[start : start + STATES_BATCH]).values_list("pk", "state")
+        )
+    return found
+
+
+def jobs_to_retry(*, states=("FAILED",), domain: str | None = None, since: datetime | None = None):
+    """Jobs that ended in one of `states` (of `domain`; ended since `since`) and have no retry
+    yet, oldest first: what the retry_jobs command retries."""
+    from .models import Job
+
+    states = tuple(states)
+    not_retryable = set(states) - set(Job.RETRYABLE_STATES)
+    if not_retryable:
+        raise ValueError(f"Only {', '.join(Job.RETRYABLE_STATES)} jobs can be retried, not {not_retryable}")
+    jobs = Job.objects.filter(state__in=states, retries__isnull=True)
+    if domain:
+        jobs = jobs.filter(domain=domain)
+    if since is not None:
+        jobs = jobs.filter(completed_at__gte=since)
+    return jobs.order_by("completed_at", "accepted_at")
+
+
+def job_stage_records(job) -> list[StageRecord]:
+    """The job's stage records, in one query (results, events and tracebacks, the large parts,
+    are not read)."""
+    from .models import StageRecord
+
+    return list(StageRecord.objects.filter(job=job).defer("result", "events", "error_traceback"))
 
 
 def latest_event(domain: str, job_id: str) -> dict | None:
@@ -104,16 +194,16 @@ class StageRow:
     record: StageRecord | None
 
 
-def job_stages(operation, records=None) -> list[StageRow]:
+def job_stages(job, records=None) -> list[StageRow]:
     """Every stage of the job: its type's declared stages in order, each with its record (or
     PENDING), then the records of stages the type does not declare, by when they started."""
     from .jobtypes import UnknownJobType, job_type
 
     if records is None:
-        records = list(operation.stage_records.all())
+        records = list(job.stage_records.all())
     by_name = {record.stage: record for record in records}
     try:
-        planned = job_type(operation.domain).plan()
+        planned = job_type(job.domain).plan()
     except UnknownJobType:
         planned = []
     rows = []

@@ -1,12 +1,14 @@
 """The job services a project calls: start a job, cancel it, retry one that did not complete.
 
     job, created = start_job("refund", {"order": 42}, key="refund-42", owner=request.user)
-    cancel_job(job.op_id)                      # PENDING: CANCELLED now; RUNNING: its run stops
-    new, created = retry_job(job.op_id, key="retry-1")   # a FAILED/TIMED_OUT/CANCELLED job
+    cancel_job(job.id)                      # PENDING: CANCELLED now; RUNNING: its run stops
+    new, created = retry_job(job.id, key="retry-1")   # a FAILED/TIMED_OUT/CANCELLED job
 
 start_job and retry_job are once per (scope, key), the scope being the owner's as the jobs API
 resolves it with the default resolver (`-:<pk>`), so a job started by code and one POSTed
-under the same key are one job. Both enqueue the run after the transaction commits.
+under the same key are one job. Both accept the job with idempotency's accept-once (one INSERT
+... ON CONFLICT DO NOTHING on the UNIQUE (scope, idem_key)) and enqueue its run after the
+transaction commits.
 """
 
 from __future__ import annotations
@@ -18,21 +20,23 @@ from django.db import transaction
 from django.utils import timezone
 
 from idempotency.keys import IdemKey
-from idempotency.models import Operation
 from idempotency.scope import join_scope
-from idempotency.services import Command, accept
+from idempotency.services import accept_once
 
 from . import cancellation, jobtypes, lifecycle, metrics
 from .exceptions import JobEnded, JobNotRetryable
 from .jobtypes import InvalidPayload, JobType, UnknownJobType
 from .limits import check_running_cap
-from .models import StageRecord
+from .models import Job, StageRecord
 
 logger = logging.getLogger(__name__)
 
-State = Operation.State
-# Where jobs started or retried by code keep their keys when they have no owner.
+State = Job.State
+# Where jobs started or retried by code keep their keys when they have no owner (the text is
+# stored with each such job: it stays as it was when eventbus.jobs became eventbus.runs).
 OWNERLESS_SCOPE = join_scope("fn", "eventbus.jobs")
+# What must be the same for one key to give one job (else IdempotencyKeyMismatch).
+SAME_REQUEST = ("domain", "event_type", "payload", "retry_of")
 
 
 def owner_scope(owner) -> str:
@@ -50,7 +54,7 @@ def start_job(
     owner,
     scope: str | None = None,
     deadline: datetime | timedelta | None = None,
-) -> tuple[Operation, bool]:
+) -> tuple[Job, bool]:
     """The job of this (scope, key), started if new: (job, created). Its payload goes through
     its type's clean_payload (InvalidPayload); the same key with another type or payload raises
     IdempotencyKeyMismatch; a new job past the owner's running cap, JobLimitReached. The run is
@@ -65,9 +69,9 @@ def start_job(
     idem_key = _key(key)
     if isinstance(deadline, timedelta):
         deadline = timezone.now() + deadline
-    command = Command(
+    job = Job(
         scope=scope,
-        idem_key=idem_key,
+        idem_key=idem_key.value,
         domain=job_class.name,
         event_type="job.requested",
         payload=cleaned,
@@ -75,42 +79,42 @@ def start_job(
         deadline=deadline,
     )
     _check_running_cap(owner, scope, idem_key)
-    return accept(command, on_accepted=_enqueue)
+    return accept_once(job, unique=("scope", "idem_key"), same=SAME_REQUEST, on_accepted=_enqueue)
 
 
-def cancel_job(job_id) -> Operation:
+def cancel_job(job_id) -> Job:
     """Cancel the job: PENDING ends CANCELLED at once, with its final event; RUNNING is asked
     to stop (its stage sees ctx.cancelled, no later stage starts) and its run ends it
-    CANCELLED. Raises JobEnded for an ended job, Operation.DoesNotExist for no job.
+    CANCELLED. Raises JobEnded for an ended job, Job.DoesNotExist for no job.
 
     Each change is a compare-and-set on the state: a job ending as it is cancelled ends in
     one state, with one final event (only its run publishes a running job's)."""
-    operation = Operation.objects.get(pk=job_id)
+    job = Job.objects.get(pk=job_id)
     while True:
-        if lifecycle.is_final(operation):
-            raise JobEnded(operation)
-        if operation.state == State.PENDING:
-            if lifecycle.cancel_pending(operation):
-                transaction.on_commit(lambda: _publish_cancelled(operation))
-                return operation
-        elif lifecycle.request_cancel(operation):
-            transaction.on_commit(lambda: cancellation.set_flag(operation))
-            if not _run_is_live(operation):
+        if lifecycle.is_final(job):
+            raise JobEnded(job)
+        if job.state == State.PENDING:
+            if lifecycle.cancel_pending(job):
+                transaction.on_commit(lambda: _publish_cancelled(job))
+                return job
+        elif lifecycle.request_cancel(job):
+            transaction.on_commit(lambda: cancellation.set_flag(job))
+            if not _run_is_live(job):
                 # Its run waits for a stage's retry, or was lost: a run now ends it, rather than
                 # when the retry is due or the recovery finds it.
-                transaction.on_commit(lambda: _enqueue(operation, again=True))
-            return operation
-        lifecycle.refresh_state(operation)  # it started, or ended, meanwhile
+                transaction.on_commit(lambda: _enqueue(job, again=True))
+            return job
+        lifecycle.refresh_state(job)  # it started, or ended, meanwhile
 
 
-def retry_job(job_id, *, key: str | IdemKey, owner=None, scope: str | None = None) -> tuple[Operation, bool]:
+def retry_job(job_id, *, key: str | IdemKey, owner=None, scope: str | None = None) -> tuple[Job, bool]:
     """A new job (`retry_of` the old one) that reuses the old job's finished stages and runs
     from the first unfinished one; its stages keep the retry chain's first job's keys. Once
     per (scope, key); the scope defaults to the owner's, the owner to the old job's. Raises
     JobNotRetryable unless the job is FAILED, TIMED_OUT or CANCELLED; the old job is left as
     it is (its state and its stream)."""
-    old = Operation.objects.get(pk=job_id)
-    if old.state not in lifecycle.RETRYABLE_STATES:
+    old = Job.objects.get(pk=job_id)
+    if old.state not in Job.RETRYABLE_STATES:
         raise JobNotRetryable(old)
     owner = owner if owner is not None else old.owner
     scope = scope or owner_scope(owner)
@@ -118,9 +122,9 @@ def retry_job(job_id, *, key: str | IdemKey, owner=None, scope: str | None = Non
     deadline = None
     if old.deadline is not None:  # the same time to run as the old job had
         deadline = timezone.now() + (old.deadline - old.accepted_at)
-    command = Command(
+    new = Job(
         scope=scope,
-        idem_key=idem_key,
+        idem_key=idem_key.value,
         domain=old.domain,
         event_type="job.retried",
         payload=old.payload,
@@ -130,11 +134,11 @@ def retry_job(job_id, *, key: str | IdemKey, owner=None, scope: str | None = Non
     )
     _check_running_cap(owner, scope, idem_key)
     with transaction.atomic():
-        operation, created = accept(command, on_accepted=_enqueue)
+        job, created = accept_once(new, unique=("scope", "idem_key"), same=SAME_REQUEST, on_accepted=_enqueue)
         if created:
             StageRecord.objects.bulk_create(
                 StageRecord(
-                    operation=operation,
+                    job=job,
                     stage=record.stage,
                     attempts=record.attempts,
                     result=record.result,
@@ -144,31 +148,14 @@ def retry_job(job_id, *, key: str | IdemKey, owner=None, scope: str | None = Non
                 )
                 for record in old.stage_records.filter(finished_at__isnull=False)
             )
-            logger.info("Job %s retries job %s (%s)", operation.op_id, old.op_id, old.state)
+            logger.info("Job %s retries job %s (%s)", job.id, old.id, old.state)
             transaction.on_commit(lambda: metrics.job_retried(old.domain))
-    return operation, created
+    return job, created
 
 
-def jobs_to_retry(*, states=(State.FAILED,), domain: str | None = None, since: datetime | None = None):
-    """Jobs that ended in one of `states` (of `domain`; ended since `since`) and have no retry
-    yet, oldest first (a selector: what the retry_jobs command retries)."""
-    states = tuple(states)
-    not_retryable = set(states) - set(lifecycle.RETRYABLE_STATES)
-    if not_retryable:
-        raise ValueError(
-            f"Only {', '.join(lifecycle.RETRYABLE_STATES)} jobs can be retried, not {not_retryable}"
-        )
-    jobs = Operation.objects.filter(state__in=states, retries__isnull=True)
-    if domain:
-        jobs = jobs.filter(domain=domain)
-    if since is not None:
-        jobs = jobs.filter(completed_at__gte=since)
-    return jobs.order_by("completed_at", "accepted_at")
-
-
-def retry_key(job: Operation) -> str:
+def retry_key(job: Job) -> str:
     """The key of a bulk retry of the job: retrying it twice gives one new job."""
-    return f"retry:{job.op_id}"
+    return f"retry:{job.id}"
 
 
 def _job_class(value: str | type[JobType]) -> type[JobType]:
@@ -187,37 +174,37 @@ def _key(key: str | IdemKey) -> IdemKey:
 def _check_running_cap(owner, scope: str, idem_key: IdemKey) -> None:
     """The owner's running-jobs cap (eventbus.limits), for a new job only: a replay of a key gets
     its job whatever the cap."""
-    if owner is None or Operation.objects.filter(scope=scope, idem_key=idem_key.value).exists():
+    if owner is None or Job.objects.filter(scope=scope, idem_key=idem_key.value).exists():
         return
     check_running_cap(owner)
 
 
-def _run_is_live(operation: Operation) -> bool:
+def _run_is_live(job: Job) -> bool:
     """A run holds the job's lease (when Redis cannot say, assume it does: no extra message)."""
     from redis.exceptions import RedisError
 
-    from .jobs import RunLease
     from .redis import get_redis
+    from .runs import RunLease
 
     try:
         client = get_redis()
-        return bool(client.exists(RunLease(operation, client=client).key))
+        return bool(client.exists(RunLease(job, client=client).key))
     except RedisError:
         return True
 
 
-def _enqueue(operation: Operation, *, again: bool = False) -> None:
+def _enqueue(job: Job, *, again: bool = False) -> None:
     from .tasks import enqueue  # Celery is imported by the worker's side only when used
 
-    enqueue(operation, again=again)
+    enqueue(job, again=again)
 
 
-def _publish_cancelled(operation: Operation) -> None:
+def _publish_cancelled(job: Job) -> None:
     """The final event of a job cancelled before it started (best effort, as every final
     event of a job that did not complete)."""
     from .stages import publish_final
 
     try:
-        publish_final(operation, jobtypes.job_type(operation.domain), State.CANCELLED)
+        publish_final(job, jobtypes.job_type(job.domain), State.CANCELLED)
     except Exception as exc:
-        logger.warning("Job %s: could not publish its final CANCELLED event: %r", operation.op_id, exc)
+        logger.warning("Job %s: could not publish its final CANCELLED event: %r", job.id, exc)

@@ -15,36 +15,35 @@ from __future__ import annotations
 
 from django.db import connections
 
-from idempotency.models import Operation
 from idempotency.upsert import column, insert_statement
 
-from .models import StageRecord
+from .models import Job, StageRecord
 
 
 def save(records: list[StageRecord]) -> bool:
     """Insert these records, or update the unfinished ones already there, in one statement;
     returns whether their job's cancel was requested (the database's word)."""
-    sql, params, alias = insert_statement(records, target=("operation", "stage"), update_unless="finished_at")
+    sql, params, alias = insert_statement(records, target=("job", "stage"), update_unless="finished_at")
     connection = connections[alias]
-    operation = records[0].operation_id
+    job_id = records[0].job_id
     with connection.cursor() as cursor:
         if connection.features.can_return_columns_from_insert:
             quote = connection.ops.quote_name
-            pk = Operation._meta.pk
+            pk = Job._meta.pk
             assert pk is not None
             cursor.execute(
-                f"{sql} RETURNING (SELECT {quote(column(Operation, 'cancel_requested_at'))} "
-                f"FROM {quote(Operation._meta.db_table)} WHERE {quote(column(Operation, pk.name))} = %s)",
-                [*params, pk.get_db_prep_value(operation, connection)],
+                f"{sql} RETURNING (SELECT {quote(column(Job, 'cancel_requested_at'))} "
+                f"FROM {quote(Job._meta.db_table)} WHERE {quote(column(Job, pk.name))} = %s)",
+                [*params, pk.get_db_prep_value(job_id, connection)],
             )
             rows = cursor.fetchall()
             if rows:  # none when every record was finished already (a run that outlived its lease)
                 return any(row[0] is not None for row in rows)
         else:
             cursor.execute(sql, params)
-    return cancel_requested(operation)
+    return cancel_requested(job_id)
 
 
-def cancel_requested(operation_id) -> bool:
+def cancel_requested(job_id) -> bool:
     """Whether the job's cancel was requested (the database's word: Redis may have lost the flag)."""
-    return Operation.objects.filter(pk=operation_id, cancel_requested_at__isnull=False).exists()
+    return Job.objects.filter(pk=job_id, cancel_requested_at__isnull=False).exists()

@@ -1,4 +1,4 @@
-"""Running a job's stages effectively once (the work behind eventbus.jobs.run).
+"""Running a job's stages effectively once (the work behind eventbus.runs.run).
 
 Each stage's result and the events it reported are recorded in one database write when the
 stage finishes (StageRecord). A re-run of the job (its worker killed, its task redelivered)
@@ -26,7 +26,7 @@ from idempotency.jsontext import json_holds_nul, nested_deeper_than
 
 from . import metrics, stagerecords
 from .jobtypes import FINAL_STAGE, JobCancelled, JobFailed, JobType, PlannedStage, StageTimeout
-from .models import StageRecord
+from .models import Job, StageRecord
 from .publish import publish_event
 
 logger = logging.getLogger(__name__)
@@ -120,8 +120,8 @@ class StageContext:
 
 
 def run_stages(
-    operation,
-    job: JobType,
+    job: Job,
+    job_type: JobType,
     *,
     after_event: Callable[[], None],
     is_cancelled: Callable[[], bool] | None = None,
@@ -135,11 +135,11 @@ def run_stages(
 
     Raises JobCancelled (the job was cancelled: no later stage starts), StageRetry (a failed
     attempt's retry waits), or the stage's exception (the job fails)."""
-    job_id, domain = str(operation.op_id), operation.domain
-    records = {r.stage: r for r in StageRecord.objects.filter(operation=operation)}
+    job_id, domain = str(job.id), job.domain
+    records = {r.stage: r for r in StageRecord.objects.filter(job=job)}
     finished = {name: r for name, r in records.items() if r.finished_at is not None}
     results: dict[str, Any] = {}
-    plan = job.plan()
+    plan = job_type.plan()
     # The stage whose start the last finish wrote with it (stagerecords: one write per stage),
     # and whether the job's cancel was found requested by that write.
     started: str | None = None
@@ -159,25 +159,25 @@ def run_stages(
             continue
         if started != planned.name:
             if (due := _retry_due_in(records.get(planned.name))) > 0:
-                if not stagerecords.cancel_requested(operation.pk):
+                if not stagerecords.cancel_requested(job.pk):
                     # A run before the retry is due (a duplicate message, the recovery): it waits too.
                     raise StageRetry(job_id, planned.name, due)
                 cancelled = True
             else:
-                cancelled = stagerecords.save([_started(records, operation, planned.name)])
+                cancelled = stagerecords.save([_started(records, job, planned.name)])
         if cancelled:
             # The database's word (Redis may have lost the cancel flag), read with the write
             # that started this stage: it is recorded as where the cancel stopped the job.
             stopped = JobCancelled(f"Job {job_id} was cancelled before stage {planned.name!r}")
             if planned.name in records and records[planned.name].finished_at is None:
-                _record_failure(operation, planned.name, stopped)
+                _record_failure(job, planned.name, stopped)
             raise stopped
         attempt = records[planned.name].attempts
         logger.info("Job %s: stage %s, attempt %d", job_id, planned.name, attempt)
         ctx = StageContext(
             job_id,
             domain,
-            operation.payload,
+            job.payload,
             planned.name,
             attempt,
             dict(results),
@@ -188,29 +188,27 @@ def run_stages(
         )
         outcome = None  # the attempt's, for the metrics (none: the run was taken over)
         try:
-            result = run_stage(job, ctx)
+            result = run_stage(job_type, ctx)
             following = plan[index + 1].name if index + 1 < len(plan) else None
-            started, cancelled = _finish(
-                records, operation, planned.name, result, ctx.events, then_start=following
-            )
+            started, cancelled = _finish(records, job, planned.name, result, ctx.events, then_start=following)
             outcome = "completed"
         except RunStopped as exc:
             outcome = "timed_out" if isinstance(exc, DeadlinePassed) else None
             raise  # no fault of the stage's
         except JobCancelled as exc:
             outcome = "cancelled"
-            _record_failure(operation, planned.name, exc)  # where the cancel stopped the job
+            _record_failure(job, planned.name, exc)  # where the cancel stopped the job
             raise
         except Exception as exc:
             outcome = "failed"
             if is_cancelled is not None and _cancelled_anyway(is_cancelled):
                 outcome = "cancelled"
-                _record_failure(operation, planned.name, exc)  # stopping, it failed: not retried
+                _record_failure(job, planned.name, exc)  # stopping, it failed: not retried
                 raise JobCancelled(f"Job {job_id} was cancelled; stage {planned.name!r} stopped") from exc
             if planned.stage.retryable(exc, attempt):
                 outcome = "retried"
                 delay = planned.stage.retry_delay(attempt)
-                _record_failure(operation, planned.name, exc, retry_in=delay)
+                _record_failure(job, planned.name, exc, retry_in=delay)
                 logger.warning(
                     "Job %s: stage %s attempt %d failed (%s: %s); retried in %.2fs",
                     job_id,
@@ -223,7 +221,7 @@ def run_stages(
                 raise StageRetry(job_id, planned.name, delay) from exc
             if isinstance(exc, StageTimeout):
                 outcome = "timed_out"
-            _record_failure(operation, planned.name, exc)
+            _record_failure(job, planned.name, exc)
             raise
         finally:
             if outcome is not None:
@@ -239,10 +237,10 @@ def _cancelled_anyway(is_cancelled: Callable[[], bool]) -> bool:
         return False
 
 
-def run_stage(job: JobType, ctx: StageContext):
+def run_stage(job_type: JobType, ctx: StageContext):
     """One stage's work, its result as recorded; a stage that reported nothing still gets an
     event: it finished."""
-    result = recorded(ctx.stage, job.work_of(ctx._planned.stage)(ctx))
+    result = recorded(ctx.stage, job_type.work_of(ctx._planned.stage)(ctx))
     ctx.check_timeout()  # an attempt that returns late failed all the same (its result is dropped)
     if not ctx.events:
         ctx.report(done=1, of=1)
@@ -276,17 +274,17 @@ def _refuse_nul(stage: str, what: str, text: str) -> None:
         )
 
 
-def final_event_data(job: type[JobType] | JobType, state: str, **data) -> dict:
-    return {"label": job.final_label, "progress": 100, "state": state, "final": True, **data}
+def final_event_data(job_type: type[JobType] | JobType, state: str, **data) -> dict:
+    return {"label": job_type.final_label, "progress": 100, "state": state, "final": True, **data}
 
 
-def publish_final(operation, job: type[JobType] | JobType, state: str, **data) -> bool:
+def publish_final(job, job_type: type[JobType] | JobType, state: str, **data) -> bool:
     return publish_event(
-        operation.domain,
-        str(operation.op_id),
+        job.domain,
+        str(job.id),
         FINAL_STAGE,
-        job.final_seq(),
-        final_event_data(job, state, **data),
+        job_type.final_seq(),
+        final_event_data(job_type, state, **data),
     )
 
 
@@ -297,10 +295,10 @@ def _retry_due_in(record: StageRecord | None) -> float:
     return (record.next_attempt_at - timezone.now()).total_seconds()
 
 
-def _started(records: dict[str, StageRecord], operation, stage: str) -> StageRecord:
+def _started(records: dict[str, StageRecord], job, stage: str) -> StageRecord:
     """The stage's record (kept in `records`), one attempt more, started now; not written: the
     caller saves it, alone or with the stage before it."""
-    record = records.get(stage) or StageRecord(operation=operation, stage=stage)
+    record = records.get(stage) or StageRecord(job=job, stage=stage)
     record.attempts += 1
     record.started_at = timezone.now()
     record.next_attempt_at = None
@@ -309,7 +307,7 @@ def _started(records: dict[str, StageRecord], operation, stage: str) -> StageRec
 
 
 def _finish(
-    records: dict[str, StageRecord], operation, stage: str, result, events: list, *, then_start: str | None
+    records: dict[str, StageRecord], job, stage: str, result, events: list, *, then_start: str | None
 ) -> tuple[str | None, bool]:
     """Record the finished stage and, in the same write, start `then_start` (the next stage)
     unless it is finished or its retry waits. Returns the stage it started (or None) and
@@ -324,7 +322,7 @@ def _finish(
         then_start = None  # finished already, or its retry waits: the loop tells which
     rows = [record]
     if then_start is not None:
-        rows.append(_started(records, operation, then_start))
+        rows.append(_started(records, job, then_start))
     return then_start, stagerecords.save(rows)
 
 
@@ -353,7 +351,7 @@ def failure_of(exc: BaseException) -> dict:
     return getattr(exc, "_eventbus_failure", None) or describe(exc)
 
 
-def _record_failure(operation, stage: str, exc: Exception, *, retry_in: float | None = None) -> None:
+def _record_failure(job, stage: str, exc: Exception, *, retry_in: float | None = None) -> None:
     """Keep the failure on the stage's record (its traceback too, for the admin), and say which
     stage it came from to whoever ends the job (failure_of). Another attempt clears it when it
     finishes the stage. `retry_in`: seconds until the retry of the stage, which waits."""
@@ -363,7 +361,7 @@ def _record_failure(operation, stage: str, exc: Exception, *, retry_in: float | 
     except AttributeError:  # an exception type with __slots__: the failure is told without its stage
         pass
     try:
-        StageRecord.objects.filter(operation=operation, stage=stage, finished_at__isnull=True).update(
+        StageRecord.objects.filter(job=job, stage=stage, finished_at__isnull=True).update(
             error_type=failure["type"],
             error_message=failure["message"],
             error_traceback=_bounded("".join(traceback.format_exception(exc)), MAX_TRACEBACK, keep_end=True),
@@ -371,9 +369,7 @@ def _record_failure(operation, stage: str, exc: Exception, *, retry_in: float | 
             next_attempt_at=None if retry_in is None else timezone.now() + timedelta(seconds=retry_in),
         )
     except Exception:  # the database away: the failure is still logged and told in the final event
-        logger.warning(
-            "Job %s: could not record the failure of stage %s", operation.op_id, stage, exc_info=True
-        )
+        logger.warning("Job %s: could not record the failure of stage %s", job.id, stage, exc_info=True)
 
 
 def recorded_failure(records) -> dict | None:

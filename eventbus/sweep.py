@@ -1,8 +1,8 @@
 """The sweep: no accepted job stays stranded.
 
 `accept` enqueues a job's task after commit; when the broker was unreachable then, the
-Operation stays PENDING with enqueued_at NULL, and this sends its task later. So an accepted
-operation is never lost, even if the broker was down when it was accepted, or the process
+Job stays PENDING with enqueued_at NULL, and this sends its task later. So an accepted
+job is never lost, even if the broker was down when it was accepted, or the process
 crashed between the commit and the enqueue. Each pass also enqueues again the jobs whose run
 was lost (eventbus.recovery).
 """
@@ -22,19 +22,19 @@ logger = logging.getLogger(__name__)
 
 
 def enqueue_pending(*, older_than_seconds: float = 30, limit: int = 1000) -> int:
-    """Enqueue up to `limit` PENDING operations never enqueued, accepted more than
+    """Enqueue up to `limit` PENDING jobs never enqueued, accepted more than
     `older_than_seconds` ago (younger ones may still be on their way, after commit).
     Returns how many were enqueued; stops at the first failure (the broker is still down).
     """
     cutoff = timezone.now() - timedelta(seconds=older_than_seconds)
     pending = lifecycle.never_enqueued(accepted_before=cutoff, limit=limit)
     enqueued = 0
-    for operation in pending:
-        if not enqueue(operation):
+    for job in pending:
+        if not enqueue(job):
             break
         enqueued += 1
     if enqueued:
-        logger.info("Enqueued %d operation(s) accepted while the broker was unreachable", enqueued)
+        logger.info("Enqueued %d job(s) accepted while the broker was unreachable", enqueued)
     return enqueued
 
 
@@ -49,7 +49,7 @@ class Sweeper(LoopWorker):
     """Runs `sweep` every `interval` seconds until stopped (eventbus.worker's loop): no accepted
     job stays stranded."""
 
-    name = "sweep_operations"
+    name = "sweep_jobs"
     one_pass_burst = True  # --burst: one pass, then exit
 
     def __init__(self, *, interval: float = 30, older_than_seconds: float = 30, burst: bool = False):

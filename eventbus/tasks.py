@@ -1,5 +1,5 @@
 """The event bus's Celery side: `enqueue` sends a job's run_job task; the task is thin and
-calls eventbus.jobs."""
+calls eventbus.runs."""
 
 import logging
 import time
@@ -7,7 +7,7 @@ import time
 from celery import shared_task
 from celery.signals import worker_init
 
-from . import jobs, lifecycle
+from . import lifecycle, runs
 from .stages import StageRetry
 
 logger = logging.getLogger(__name__)
@@ -17,7 +17,7 @@ logger = logging.getLogger(__name__)
     bind=True,
     name="eventbus.run_job",
     # Acknowledged after the run, and requeued if the worker process dies mid-run: a job is
-    # never lost with its worker. A second delivery is harmless (see eventbus.jobs).
+    # never lost with its worker. A second delivery is harmless (see eventbus.runs).
     acks_late=True,
     reject_on_worker_lost=True,
     ignore_result=True,
@@ -26,16 +26,16 @@ logger = logging.getLogger(__name__)
     max_retries=None,
 )
 def run_job(self, job_id: str, failures: int = 0) -> str:
-    final_attempt = failures >= jobs.MAX_TRANSIENT_RETRIES
+    final_attempt = failures >= runs.MAX_TRANSIENT_RETRIES
     try:
-        return jobs.run(job_id, fail_on_transient=final_attempt)
-    except jobs.JobBusy as busy:
+        return runs.run(job_id, fail_on_transient=final_attempt)
+    except runs.JobBusy as busy:
         raise _retry(self, busy.retry_in) from busy
     except StageRetry as retry:
         # The stage's backoff as a countdown: the message waits in the broker (or as an ETA in
         # the worker's consumer), not in a pool process, so other jobs run meanwhile.
         raise _retry(self, retry.countdown) from retry
-    except jobs.TRANSIENT_ERRORS as exc:
+    except runs.TRANSIENT_ERRORS as exc:
         if final_attempt:
             raise
         raise self.retry(exc=exc, countdown=min(2**failures, 30), kwargs={"failures": failures + 1}) from exc
@@ -50,17 +50,17 @@ def _retry(task, countdown: float):
     return task.retry(countdown=countdown)
 
 
-def enqueue(operation, *, again: bool = False) -> bool:
-    """Send the operation's run_job task, then record it enqueued (`again`: its run was lost,
+def enqueue(job, *, again: bool = False) -> bool:
+    """Send the job's run_job task, then record it enqueued (`again`: its run was lost,
     eventbus.recovery). True when it was sent.
 
-    Runs after the accepting transaction committed (accept(on_accepted=enqueue)), so it never
+    Runs after the accepting transaction committed (accept_once(on_accepted=enqueue), eventbus.services), so it never
     raises: the client's 201 stands either way. When the broker is unreachable it gives up
     fast (CELERY_BROKER_TRANSPORT_OPTIONS) and leaves enqueued_at NULL; the sweep
     (eventbus.sweep.enqueue_pending) sends the task later. The task id is the job id, so a
-    duplicate message of one job is recognisable (and harmless: see eventbus.jobs).
+    duplicate message of one job is recognisable (and harmless: see eventbus.runs).
     """
-    job_id = str(operation.op_id)
+    job_id = str(job.id)
     try:
         run_job.apply_async((job_id,), task_id=job_id, retry=False)
     except Exception:
@@ -68,7 +68,7 @@ def enqueue(operation, *, again: bool = False) -> bool:
             "Job %s not enqueued (broker unreachable?); the sweep will enqueue it", job_id, exc_info=True
         )
         return False
-    lifecycle.mark_enqueued(operation, again=again)
+    lifecycle.mark_enqueued(job, again=again)
     return True
 
 

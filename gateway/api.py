@@ -1,6 +1,7 @@
 """The jobs API: POST /api/jobs/ (Idempotency-Key required), GET /api/jobs/ (the user's jobs,
 filtered, paginated), GET /api/jobs/<job_id>/ (one job with its stages), POST
-/api/jobs/<job_id>/cancel/ and /retry/: thin calls of the job services (eventbus.services).
+/api/jobs/<job_id>/cancel/ and /retry/: thin calls of the job services (eventbus.services),
+every read of a job through eventbus.selectors.
 Throttled (scope "jobs", gateway.throttling) and described by an OpenAPI schema (gateway.openapi)."""
 
 from rest_framework import serializers, status
@@ -13,18 +14,17 @@ from rest_framework.views import APIView
 
 from eventbus.exceptions import JobServiceError
 from eventbus.jobtypes import InvalidPayload
-from eventbus.selectors import latest_event
+from eventbus.models import Job
+from eventbus.selectors import job_list, job_stage_records, latest_event, visible_job
 from eventbus.services import cancel_job, retry_job, start_job
 from eventbus.stages import recorded_failure
 from idempotency.decorators import idempotency_key
 from idempotency.exceptions import IdempotencyKeyMismatch
-from idempotency.models import Operation
 from idempotency.problems import problem, problem_from_error
 
 from .openapi import documented
 from .pagination import JobPagination
 from .parsers import JSONParser
-from .selectors import job_list, stage_records, visible_operations
 from .serializers import (
     JobDetailSerializer,
     JobFilterSerializer,
@@ -36,12 +36,12 @@ from .serializers import (
 from .throttling import SCOPE, JobsThrottle
 
 
-def job_body(operation, request):
+def job_body(job, request):
     return {
-        "job_id": str(operation.op_id),
-        "domain": operation.domain,
-        "state": operation.state,
-        "ws_url": ws_url(operation, request),
+        "job_id": str(job.id),
+        "domain": job.domain,
+        "state": job.state,
+        "ws_url": ws_url(job, request),
     }
 
 
@@ -83,7 +83,7 @@ class JobListView(JobsView):
         serializer.is_valid(raise_exception=True)
         context = request.idempotency
         try:
-            operation, _created = start_job(
+            job, _created = start_job(
                 serializer.validated_data["domain"],
                 serializer.validated_data["payload"],
                 key=context.key,
@@ -96,28 +96,28 @@ class JobListView(JobsView):
             return problem_from_error(exc)
         except JobServiceError as exc:
             return service_problem(exc)
-        return Response(job_body(operation, request), status=status.HTTP_201_CREATED)
+        return Response(job_body(job, request), status=status.HTTP_201_CREATED)
 
 
 @documented
 class JobDetailView(JobsView):
     def get(self, request, job_id):
-        operation = visible_operations(request.user).filter(op_id=job_id).first()
-        if operation is None:
+        job = visible_job(request.user, job_id)
+        if job is None:
             raise NotFound("No such job.")
-        latest = latest_event(operation.domain, str(operation.op_id))
+        latest = latest_event(job.domain, str(job.id))
         # What the job's row does not hold, set on it for the serializer.
-        operation.latest_event = latest
-        records = stage_records(operation)  # one query: the stages and the job's error come from it
-        operation.error = job_error(operation, latest, records)
-        operation.stages = job_stages(operation, records)
-        return Response(JobDetailSerializer(operation, context={"request": request}).data)
+        job.latest_event = latest
+        records = job_stage_records(job)  # one query: the stages and the job's error come from it
+        job.error = job_error(job, latest, records)
+        job.stages = job_stages(job, records)
+        return Response(JobDetailSerializer(job, context={"request": request}).data)
 
 
-def job_error(operation, latest: dict | None, records) -> dict | None:
+def job_error(job, latest: dict | None, records) -> dict | None:
     """Why a FAILED job failed: {"stage", "type", "message"}, from the stage's record (stage
     None: it failed outside any stage, and only its final event, while Redis keeps it, says why)."""
-    if operation.state != Operation.State.FAILED:
+    if job.state != Job.State.FAILED:
         return None
     failure = recorded_failure(records)
     if failure is None and latest is not None:
@@ -143,18 +143,18 @@ def service_problem(error: JobServiceError):
 
 
 # Another user's job, seen through the view permission, is acted on with the change permission.
-CHANGE_EVERY_JOB = "idempotency.change_operation"
+CHANGE_EVERY_JOB = "eventbus.change_job"
 
 
-def job_to_act_on(request, job_id) -> Operation:
+def job_to_act_on(request, job_id) -> Job:
     """The job, if the user sees it (404 otherwise) and may act on it (their own, or with the
     job model's change permission: 403 otherwise)."""
-    operation = visible_operations(request.user).filter(op_id=job_id).first()
-    if operation is None:
+    job = visible_job(request.user, job_id)
+    if job is None:
         raise NotFound("No such job.")
-    if operation.owner_id != request.user.pk and not request.user.has_perm(CHANGE_EVERY_JOB):
+    if job.owner_id != request.user.pk and not request.user.has_perm(CHANGE_EVERY_JOB):
         raise PermissionDenied("You may see this job, not act on it.")
-    return operation
+    return job
 
 
 @documented
@@ -163,12 +163,12 @@ class JobCancelView(JobsView):
 
     @idempotency_key("optional")
     def post(self, request, job_id):
-        operation = job_to_act_on(request, job_id)
+        job = job_to_act_on(request, job_id)
         try:
-            operation = cancel_job(operation.op_id)
+            job = cancel_job(job.id)
         except JobServiceError as exc:
             return service_problem(exc)
-        return Response(job_body(operation, request), status=status.HTTP_202_ACCEPTED)
+        return Response(job_body(job, request), status=status.HTTP_202_ACCEPTED)
 
 
 @documented
@@ -178,17 +178,15 @@ class JobRetryView(JobsView):
 
     @idempotency_key("required", atomic=True)
     def post(self, request, job_id):
-        operation = job_to_act_on(request, job_id)
+        job = job_to_act_on(request, job_id)
         context = request.idempotency
         try:
             # The job's owner owns its retry too (an operator's retry shows among the user's jobs).
-            new, _created = retry_job(
-                operation.op_id, key=context.key, owner=operation.owner, scope=context.scope
-            )
+            new, _created = retry_job(job.id, key=context.key, owner=job.owner, scope=context.scope)
         except IdempotencyKeyMismatch as exc:
             return problem_from_error(exc)
         except JobServiceError as exc:
             return service_problem(exc)
         body = job_body(new, request)
-        body["retry_of"] = str(operation.op_id)
+        body["retry_of"] = str(job.id)
         return Response(body, status=status.HTTP_201_CREATED)

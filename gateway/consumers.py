@@ -39,8 +39,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from eventbus.conf import eventbus_settings
 from eventbus.entries import MAX_SEQ, MAX_SEQ_DIGITS
-from eventbus.lifecycle import FINAL_STATES
-from eventbus.selectors import job_channel
+from eventbus.models import Job
+from eventbus.selectors import job_channel, job_outcome, job_to_stream
 
 from . import eager
 from .adapters.channels import frames_send
@@ -48,7 +48,6 @@ from .adapters.uvicorn import reporting_gone
 from .backoff import retrying
 from .conf import gateway_settings
 from .hub import Frame, History, get_hub
-from .selectors import visible_operations
 from .servers import ClientGone
 from .sessions import get_session_watch
 from .states import job_state
@@ -58,8 +57,6 @@ logger = logging.getLogger(__name__)
 BAD_REQUEST, NOT_LOGGED_IN, NOT_FOUND, TOO_SLOW = 4400, 4401, 4404, 4008
 # A lost or refused database connection (database_sync_to_async drops it: the next try gets a new one).
 DATABASE_AWAY = (OperationalError, InterfaceError)
-# The job's outcome is known (its final event carries it too, if it was published).
-ENDED = frozenset(state.value for state in FINAL_STATES)
 
 
 class RefuseConnection(Exception):
@@ -93,11 +90,7 @@ def parse_job_id(raw: str) -> uuid.UUID:
         raise RefuseConnection(BAD_REQUEST, "The job id is not a UUID.") from None
 
 
-@database_sync_to_async
-def find_job(user, job_id):
-    return (
-        visible_operations(user).filter(op_id=job_id).only("op_id", "domain", "state", "accepted_at").first()
-    )
+find_job = database_sync_to_async(job_to_stream)
 
 
 def is_final(event: dict) -> bool:
@@ -126,7 +119,7 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
     closer: asyncio.Task | None = None
     closing = False
     outcome_sent = False  # a reset told the client how the job ended
-    state_stale = False  # self.operation.state may be out of date (Redis went away since)
+    state_stale = False  # self.job.state may be out of date (Redis went away since)
     # The session the socket was authorized with, and its user: checked again (gateway.sessions).
     session_key: str | None = None
     user_id = None
@@ -165,7 +158,7 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
             self.last_sent = parse_last_seq(self.scope.get("query_string", b""))
             if user is None or not user.is_authenticated:
                 raise RefuseConnection(NOT_LOGGED_IN, "Log in first.")
-            self.operation = await retrying(
+            self.job = await retrying(
                 lambda: find_job(user, job_id),
                 DATABASE_AWAY,
                 f"job socket {job_id}: the database is away",
@@ -174,7 +167,7 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
             )
             if self.closing:
                 return
-            if self.operation is None:
+            if self.job is None:
                 raise RefuseConnection(NOT_FOUND, "No such job.")
         except RefuseConnection as refusal:
             await self.refuse(refusal.code, refusal.detail)
@@ -188,7 +181,7 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
         except ImproperlyConfigured:
             await self.refuse(1011, "The server's event store is not safe to stream from; see its log.")
             return
-        self.job_id, self.domain = str(self.operation.op_id), self.operation.domain
+        self.job_id, self.domain = str(self.job.id), self.job.domain
         self.channel = job_channel(self.domain, self.job_id)
         await self.hub.add(self.channel, self)  # subscribed before the history is read
         if not self.closing:
@@ -371,7 +364,7 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
         needs (the common case, and no task of its own); a reset or the job's outcome due is
         left to a catch-up of its own."""
         self.state_stale = True
-        if not self.live or self._reset_due(history) or self.operation.state in ENDED:
+        if not self.live or self._reset_due(history) or self.job.ended:
             self._start_catching_up()
             return
         for frame in history.frames:
@@ -395,7 +388,7 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
 
     def _keys_may_have_expired(self) -> bool:
         ttl = min(eventbus_settings.STATE_TTL, eventbus_settings.HISTORY_TTL)
-        return timezone.now() - self.operation.accepted_at >= timedelta(seconds=ttl)
+        return timezone.now() - self.job.accepted_at >= timedelta(seconds=ttl)
 
     def _outcome_due(self, latest: dict | None) -> bool:
         """The client now waits for the job's next event: unless none will come. That is when
@@ -408,13 +401,13 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
             return False
         if latest is not None and (int(latest.get("seq", 0)) > self.last_sent or is_final(latest)):
             return False  # on its way (the router has it), or the client has the end already
-        if self.operation.state in ENDED:
+        if self.job.ended:
             return True
         if self.state_stale and (self.state_check is None or self.state_check.done()):
             # Off the catch-up: after a Redis blip every socket resyncs at once, and their
             # frames must not wait behind one database read each.
             self.state_stale = False
-            self.state_check = job_state(self.operation.pk)
+            self.state_check = job_state(self.job.pk)
             self.state_check.add_done_callback(self._state_read)
         return False
 
@@ -427,8 +420,8 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
             logger.warning("job socket %s: could not read the job's state (%r)", self.job_id, state)
             self.state_stale = True  # the next resync tries again
             return
-        if state.result() in ENDED:
-            self.operation.state = state.result()
+        if state.result() in Job.FINAL_STATES:
+            self.job.state = state.result()
             self._start_catching_up()
 
     async def _reset(self, state: dict) -> None:
@@ -437,16 +430,14 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
 
     async def _reset_expired(self) -> None:
         """The job's state expired from Redis: the database has its outcome."""
-        operation = await database_sync_to_async(
-            lambda: type(self.operation).objects.only("state", "domain").get(pk=self.operation.pk)
-        )()
-        self.operation.state = operation.state
+        job = await database_sync_to_async(job_outcome)(self.job.pk)
+        self.job.state = job.state
         await self._reset(
             {
-                "job_id": str(operation.pk),
-                "domain": operation.domain,
-                "state": operation.state,
+                "job_id": str(job.pk),
+                "domain": job.domain,
+                "state": job.state,
                 "seq": self.last_sent,
             }
         )
-        self.outcome_sent = operation.state in ENDED
+        self.outcome_sent = job.ended

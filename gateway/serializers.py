@@ -14,9 +14,8 @@ import uuid
 from rest_framework import serializers
 
 from eventbus.jobtypes import registry
-from eventbus.models import STAGE_STATES
+from eventbus.models import STAGE_STATES, Job
 from eventbus.selectors import job_stages as selected_job_stages
-from idempotency.models import Operation
 
 from .conf import gateway_settings
 
@@ -74,7 +73,7 @@ class JobFilterSerializer(serializers.Serializer):
     # A state or a domain outside the known ones is a 400, as any bad input (a NUL character
     # among them: it never reaches the database). Empty (`?state=`, as an HTML form sends an
     # unset select): no filter.
-    state = serializers.ChoiceField(choices=Operation.State.choices, required=False, allow_blank=True)
+    state = serializers.ChoiceField(choices=Job.State.choices, required=False, allow_blank=True)
     domain = serializers.ChoiceField(choices=(), required=False, allow_blank=True)
 
     def __init__(self, *args, **kwargs):
@@ -85,9 +84,9 @@ class JobFilterSerializer(serializers.Serializer):
 # -- jobs as the API shows them -----------------------------------------------------------------
 
 
-def ws_url(operation, request) -> str:
+def ws_url(job, request) -> str:
     scheme = "wss" if request.is_secure() else "ws"
-    return f"{scheme}://{request.get_host()}/ws/jobs/{operation.op_id}/"
+    return f"{scheme}://{request.get_host()}/ws/jobs/{job.id}/"
 
 
 def stage_error(record) -> dict | None:
@@ -96,11 +95,11 @@ def stage_error(record) -> dict | None:
     return {"type": record.error_type, "message": record.error_message or ""}
 
 
-def job_stages(operation, records) -> list[dict]:
+def job_stages(job, records) -> list[dict]:
     """Every stage of the job (eventbus.selectors.job_stages: its type's declared stages in order,
     then recorded ones its type no longer declares) as the API shows it."""
     stages = []
-    for row in selected_job_stages(operation, records):
+    for row in selected_job_stages(job, records):
         record = row.record
         stages.append(
             {
@@ -141,13 +140,13 @@ class StageSerializer(serializers.Serializer):
 class JobAcceptedSerializer(serializers.Serializer):
     """A job as it is accepted: what a client needs to watch it."""
 
-    job_id = serializers.UUIDField(source="op_id")
+    job_id = serializers.UUIDField(source="id")
     domain = serializers.CharField()
-    state = serializers.ChoiceField(choices=Operation.State.choices)
+    state = serializers.ChoiceField(choices=Job.State.choices)
     ws_url = serializers.SerializerMethodField(help_text="Its events, live: ws(s)://host/ws/jobs/<job_id>/")
 
-    def get_ws_url(self, operation) -> str:
-        return ws_url(operation, self.context["request"])
+    def get_ws_url(self, job) -> str:
+        return ws_url(job, self.context["request"])
 
 
 class JobSerializer(JobAcceptedSerializer):
@@ -157,9 +156,8 @@ class JobSerializer(JobAcceptedSerializer):
     completed_at = serializers.DateTimeField(allow_null=True)
     retry_of = serializers.SerializerMethodField(help_text="The job this one retries, if it is a retry.")
 
-    def get_retry_of(self, operation) -> uuid.UUID | None:
-        # Read as an attribute: the field comes with the jobs' retries (a migration of its own).
-        return getattr(operation, "retry_of_id", None)
+    def get_retry_of(self, job) -> uuid.UUID | None:
+        return job.retry_of_id
 
 
 class JobDetailSerializer(JobSerializer):

@@ -3,7 +3,7 @@
 After a Redis blip every socket resyncs, and each must ask the database whether its job ended
 meanwhile (its final event may be lost with Redis). One query per socket is thousands of
 queries, each a trip to a worker thread; the sockets that ask while a query is being made share
-the next one instead (`pk IN (...)`), one per loop and batch.
+the next one instead (eventbus.selectors.job_states: `pk IN (...)`), one per loop and batch.
 """
 
 from __future__ import annotations
@@ -13,17 +13,9 @@ import weakref
 
 from channels.db import database_sync_to_async
 
-from idempotency.models import Operation
+from eventbus.selectors import job_states
 
-BATCH = 500  # pks per query: well under any database's limit on parameters
-
-
-@database_sync_to_async
-def _states(pks: list) -> dict:
-    found: dict = {}
-    for start in range(0, len(pks), BATCH):
-        found.update(Operation.objects.filter(pk__in=pks[start : start + BATCH]).values_list("pk", "state"))
-    return found
+_states = database_sync_to_async(job_states)
 
 
 class StateReader:

@@ -3,9 +3,9 @@ its first answer.
 
 Its public API, importable from here: the view marker `idempotency_key` and the function
 decorator `idempotent` (with `GLOBAL`), the middleware (`IdempotencyMiddleware`, listed in
-MIDDLEWARE as idempotency.middleware.IdempotencyMiddleware), the command service (`accept`,
-`Command`, `InvalidCommand`), keys (`IdemKey`, `InvalidKey`), the errors a caller catches, and
-what the settings name: DRF's `TokenAuthentication` with its lookup compiled once, the problem
+MIDDLEWARE as idempotency.middleware.IdempotencyMiddleware), the generic accept-once of a row
+per (scope, key) (`accept_once`, `UnstorableRow`: eventbus accepts its jobs with it), keys
+(`IdemKey`, `InvalidKey`), the errors a caller catches, and what the settings name: DRF's `TokenAuthentication` with its lookup compiled once, the problem
 `drf_exception_handler`, the default `UserScopeResolver`. Each is imported on first use: Django
 imports the package (INSTALLED_APPS) before its app registry is ready, so importing it must not
 pull in models or settings.
@@ -16,9 +16,8 @@ _EXPORTS = {
     "idempotent": "idempotency.decorators",
     "GLOBAL": "idempotency.decorators",
     "IdempotencyMiddleware": "idempotency.middleware",
-    "accept": "idempotency.services",
-    "Command": "idempotency.services",
-    "InvalidCommand": "idempotency.services",
+    "accept_once": "idempotency.services",
+    "UnstorableRow": "idempotency.services",
     "IdemKey": "idempotency.keys",
     "InvalidKey": "idempotency.keys",
     "IdempotencyError": "idempotency.exceptions",

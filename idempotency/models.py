@@ -1,6 +1,8 @@
-import uuid
+"""Idempotency's model: one record per (scope, Idempotency-Key), its lease, then its stored answer.
 
-from django.conf import settings
+The rows accepted once per key through idempotency.services.accept_once (a job: eventbus.models.Job)
+belong to the apps that define them."""
+
 from django.db import models
 from django.utils import timezone
 
@@ -35,48 +37,3 @@ class IdempotencyRecord(models.Model):
 
     def __str__(self):
         return f"{self.scope} {self.key} ({self.state})"
-
-
-class Operation(models.Model):
-    """An accepted command (a job): exactly one per (scope, Idempotency-Key)."""
-
-    class State(models.TextChoices):
-        PENDING = "PENDING"
-        RUNNING = "RUNNING"
-        COMPLETED = "COMPLETED"
-        FAILED = "FAILED"
-        TIMED_OUT = "TIMED_OUT"
-        CANCELLED = "CANCELLED"
-
-    op_id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    scope = models.CharField(max_length=255)
-    idem_key = models.CharField(max_length=255)
-    owner = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE, related_name="operations"
-    )
-    domain = models.CharField(max_length=32)
-    event_type = models.CharField(max_length=64)
-    biz_key = models.CharField(max_length=255, blank=True)
-    state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
-    payload = models.JSONField(default=dict, blank=True)
-    accepted_at = models.DateTimeField(default=timezone.now)
-    enqueued_at = models.DateTimeField(null=True, blank=True)
-    completed_at = models.DateTimeField(null=True, blank=True)
-    deadline = models.DateTimeField(null=True, blank=True)
-    # The job this one retries (eventbus.retry_job): it reuses that job's finished stages, and
-    # its stages' keys are those of the first job of the chain.
-    retry_of = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="retries"
-    )
-    # eventbus.cancel_job asked the running job to stop; its run ends it CANCELLED.
-    cancel_requested_at = models.DateTimeField(null=True, blank=True)
-
-    class Meta:
-        constraints = [models.UniqueConstraint(fields=["scope", "idem_key"], name="operation_scope_idem_key")]
-        indexes = [
-            models.Index(fields=["owner", "-accepted_at"]),
-            models.Index(fields=["state", "enqueued_at"]),
-        ]
-
-    def __str__(self):
-        return f"{self.domain} {self.op_id} ({self.state})"

@@ -1,112 +1,106 @@
-"""The command store: accept a command once per (scope, key)."""
+"""Accept once: insert a row once per (scope, key), whatever the model, and read back the winner.
+
+    job, created = accept_once(
+        Job(scope=scope, idem_key=key.value, domain="scan", payload={...}),
+        unique=("scope", "idem_key"),
+        same=("domain", "event_type", "payload"),
+        on_accepted=enqueue,
+    )
+
+The model needs a UNIQUE constraint on the `unique` fields. The row goes in with one
+INSERT ... ON CONFLICT DO NOTHING (idempotency.upsert); when the key is taken, the winner is
+read back and must hold what the row holds in the `same` fields, or the key was used for
+another request (IdempotencyKeyMismatch). The job services (eventbus.services) accept jobs so.
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from django.core.exceptions import BadRequest
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, models, transaction
 
 from .exceptions import IdempotencyKeyMismatch
 from .jsontext import json_holds_nul, nested_deeper_than
-from .keys import IdemKey
-from .models import Operation
 from .upsert import insert
 
-
-class InvalidCommand(BadRequest, ValueError):
-    """A command no database stores alike: a NUL character (SQLite keeps it, PostgreSQL's text
-    and jsonb refuse it), NaN or infinity, or a payload nested too deep to serialise. A BadRequest, so that a
-    view that lets it through answers 400, and its Idempotency-Key is free again."""
+Row = TypeVar("Row", bound=models.Model)
 
 
-@dataclass(frozen=True, kw_only=True)
-class Command:
-    scope: str
-    idem_key: IdemKey
-    domain: str
-    event_type: str
-    payload: dict = field(default_factory=dict)
-    biz_key: str = ""
-    owner: Any = None
-    deadline: datetime | None = None
-    # The job this command retries (eventbus.retry_job): part of what the key stands for.
-    retry_of: Operation | None = None
+class UnstorableRow(BadRequest, ValueError):
+    """A row no database stores alike: a NUL character in a text or JSON field (SQLite keeps it,
+    PostgreSQL's text and jsonb refuse it), NaN or infinity, or JSON nested too deep to
+    serialise. A BadRequest, so that a view that lets it through answers 400, and its
+    Idempotency-Key is free again."""
 
 
-def accept(
-    command: Command, *, on_accepted: Callable[[Operation], None] | None = None
-) -> tuple[Operation, bool]:
-    """The Operation of this (scope, key), created if new: (operation, created).
+def accept_once(
+    row: Row,
+    *,
+    unique: Sequence[str] = ("scope", "idem_key"),
+    same: Sequence[str] = (),
+    on_accepted: Callable[[Row], None] | None = None,
+) -> tuple[Row, bool]:
+    """The row of its `unique` fields' values, inserted if new: (row, created).
 
-    Race-safe on the UNIQUE constraint: concurrent accepts of one key get one op_id, and
-    `on_accepted` (enqueue the work) runs once, after the creating transaction commits.
-    The same key with another domain, event type or payload raises IdempotencyKeyMismatch;
-    a NUL character or a payload nested too deep, InvalidCommand (nothing is stored).
+    Race-safe on the model's UNIQUE constraint over `unique`: concurrent accepts of one key get
+    one row, and `on_accepted` (enqueue the work) runs once, after the creating transaction
+    commits. A winner whose `same` fields (a foreign key compared by its id) differ from the
+    row's raises IdempotencyKeyMismatch; a NUL character, NaN or JSON nested too deep,
+    UnstorableRow (nothing is stored).
     """
-    _check_storable(command)
-    operation = Operation(
-        scope=command.scope,
-        idem_key=command.idem_key.value,
-        domain=command.domain,
-        event_type=command.event_type,
-        payload=command.payload,
-        biz_key=command.biz_key,
-        owner=command.owner,
-        deadline=command.deadline,
-        retry_of=command.retry_of,
-    )
+    _check_storable(row)
     # ON CONFLICT DO NOTHING: a taken key is no error, so no savepoint guards the INSERT (two
     # round trips fewer inside the caller's transaction: an atomic view, an Idempotency-Key's).
-    if insert([operation], target=("scope", "idem_key")):
-        operation._state.adding = False
+    if insert([row], target=tuple(unique)):
+        row._state.adding = False
         if on_accepted is not None:
-            transaction.on_commit(lambda: on_accepted(operation))
-        return operation, True
-    # The key's winner (a committed row: the INSERT waited for it). Its command must be this one.
-    winner = Operation.objects.filter(scope=command.scope, idem_key=command.idem_key.value).first()
+            transaction.on_commit(lambda: on_accepted(row))
+        return row, True
+    # The key's winner (a committed row: the INSERT waited for it). Its request must be this one.
+    meta = row._meta
+    key = {name: getattr(row, _attname(row, name)) for name in unique}
+    winner = type(row)._default_manager.filter(**key).first()
     if winner is None:
-        raise IntegrityError(f"Key {command.idem_key} is taken by an operation this transaction cannot see.")
-    if (winner.domain, winner.event_type, winner.payload, winner.retry_of_id) != (
-        command.domain,
-        command.event_type,
-        command.payload,
-        command.retry_of.pk if command.retry_of is not None else None,
-    ):
+        raise IntegrityError(f"Key {key} is taken by a {meta.verbose_name} this transaction cannot see.")
+    attnames = [_attname(row, name) for name in same]
+    if [getattr(winner, name) for name in attnames] != [getattr(row, name) for name in attnames]:
         raise IdempotencyKeyMismatch(
-            f"Key {command.idem_key} was accepted before for another command (operation {winner.op_id})."
+            f"Key {key[unique[-1]]} was accepted before for another request ({meta.verbose_name} {winner.pk})."
         )
     return winner, False
 
 
-def _check_storable(command: Command) -> None:
-    texts = {
-        "scope": command.scope,
-        "idem_key": command.idem_key.value,
-        "domain": command.domain,
-        "event_type": command.event_type,
-        "biz_key": command.biz_key,
-    }
-    for name, text in texts.items():
-        if "\x00" in text:
-            raise InvalidCommand(f"The command's {name} holds a NUL character.")
+def _attname(row: models.Model, name: str) -> str:
+    """The attribute holding the field's value (a foreign key's: its id)."""
+    field = row._meta.get_field(name)
+    assert isinstance(field, models.Field), name
+    return field.attname
+
+
+def _check_storable(row: models.Model) -> None:
+    for field in row._meta.concrete_fields:
+        value = getattr(row, field.attname)
+        if isinstance(field, models.JSONField):
+            _check_json(field.name, value)
+        elif isinstance(value, str) and "\x00" in value:
+            raise UnstorableRow(f"The {field.name} holds a NUL character.")
+
+
+def _check_json(name: str, value) -> None:
     try:
         # As JSONField serialises it (types it cannot take are the ORM's error, not this one).
-        serialised = json.dumps(command.payload, default=str, allow_nan=False)
+        serialised = json.dumps(value, default=str, allow_nan=False)
     except RecursionError:
-        raise InvalidCommand("The command's payload is nested too deep to store.") from None
+        raise UnstorableRow(f"The {name} is nested too deep to store.") from None
     except ValueError as exc:
         if "Circular reference" in str(exc):
-            return  # a circular payload: the ORM refuses it as it always did
+            return  # a circular value: the ORM refuses it as it always did
         # 1e999 parses to inf: jsonb and SQLite's JSON_VALID refuse it.
-        raise InvalidCommand(
-            "The command's payload holds a number JSON cannot carry (NaN or infinity)."
-        ) from None
-    if nested_deeper_than(command.payload, serialised):
-        raise InvalidCommand("The command's payload is nested too deep to store.")
+        raise UnstorableRow(f"The {name} holds a number JSON cannot carry (NaN or infinity).") from None
+    if nested_deeper_than(value, serialised):
+        raise UnstorableRow(f"The {name} is nested too deep to store.")
     if json_holds_nul(serialised):
-        raise InvalidCommand("The command's payload holds a NUL character (\\u0000).")
+        raise UnstorableRow(f"The {name} holds a NUL character (\\u0000).")

@@ -3,7 +3,7 @@ toolkit runs on. Django's bulk_create(ignore_conflicts=...) says nothing of whic
 and its update_conflicts cannot spare the rows a condition protects; this does both:
 
 - no `update_unless`: ON CONFLICT DO NOTHING; the row count says whether the rows went in
-  (accept() inserts its Operation so, with no savepoint around a failing INSERT);
+  (accept_once() inserts its row so, with no savepoint around a failing INSERT);
 - `update_unless="finished_at"`: ON CONFLICT DO UPDATE every other column WHERE that column
   IS NULL (eventbus.stagerecords: a finished stage is never written again).
 

@@ -6,12 +6,12 @@ import threading
 
 
 def test_a_thread_keeps_its_connection_open(transactional_db):
-    from idempotency.models import Operation
+    from eventbus.models import Job
 
     queried = threading.Event()
 
     def hold():
-        Operation.objects.count()
+        Job.objects.count()
         queried.set()
         threading.Event().wait()  # alive, its connection open, until the process exits
 

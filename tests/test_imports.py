@@ -265,7 +265,14 @@ def test_the_check_finds_lazy_typing_relative_exported_and_dynamic_circles(tmp_p
 # What the README's "Use it in your project", "Idempotency in your own Django project" and
 # "Operating jobs" sections and the smoke project import: each app's API must list them.
 USED = {
-    "idempotency": {"idempotency_key", "idempotent", "GLOBAL", "IdempotencyMiddleware", "accept", "IdemKey"},
+    "idempotency": {
+        "idempotency_key",
+        "idempotent",
+        "GLOBAL",
+        "IdempotencyMiddleware",
+        "accept_once",
+        "IdemKey",
+    },
     "eventbus": {"JobType", "Stage", "register", "InvalidPayload", "JobFailed", "start_job", "publish_event"},
     "gateway": {"JobStreamApplication"},
 }

@@ -157,12 +157,12 @@ REST_FRAMEWORK = {
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Exactly-once jobs API",
-    "DESCRIPTION": "Start jobs once per Idempotency-Key, list them, see their stages (README: The jobs API).",
+    "DESCRIPTION": "Start jobs once per Idempotency-Key, list them, see their stages (docs/reference/http-api.md: The jobs API).",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,  # the schema's own endpoint is not part of the API it describes
     # One name per set of choices: a job's states and a stage's.
     "ENUM_NAME_OVERRIDES": {
-        "JobStateEnum": "idempotency.models.Operation.State",
+        "JobStateEnum": "eventbus.models.Job.State",
         "StageStateEnum": "gateway.serializers.STAGE_STATES",
     },
 }
@@ -195,7 +195,7 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Redis broker. A task delivered to a worker that died without acking it goes back to its queue
 # after visibility_timeout seconds: longer than any job and its retry countdowns (or a running
-# job is delivered twice: harmless, see eventbus.jobs, but wasted), and at most EVENTBUS
+# job is delivered twice: harmless, see eventbus.runs, but wasted), and at most EVENTBUS
 # DEDUP_TTL. The restore sweep then runs every tenth of it (10 s at most).
 _visibility_timeout = int(os.environ.get("CELERY_VISIBILITY_TIMEOUT", 3600))
 CELERY_BROKER_TRANSPORT_OPTIONS = {
@@ -204,7 +204,7 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "unacked_restore_throttle": 1,
     # Sending a task to an unreachable broker fails in well under a second (connection refused)
     # or 2 x 1 s (no answer) instead of retrying: eventbus.tasks.enqueue then leaves the
-    # operation to the sweep, and the request that accepted it is not held up.
+    # job to the sweep, and the request that accepted it is not held up.
     "max_retries": 1,
     "interval_start": 0,
     "interval_step": 0.2,

@@ -32,7 +32,7 @@ a master happens under load (the gateway hub follows its channels to the new mas
 (pg_terminate_backend) with every session of the workers and the sweeper: the client gets a 503
 and retries it.
 
-Checker (see `Checker`): one Operation and one completion per key, identical responses to
+Checker (see `Checker`): one job row and one completion per key, identical responses to
 retries, each (job, stage, seq) once in the streams, state = final event, history complete,
 nothing pending, no dead letter, each watcher saw the job's full seq list in order with no
 duplicate, gap or reset; plus the counts of what each layer dropped and what was killed.
@@ -279,7 +279,7 @@ class Stack:
             str(config.reclaim_interval),
         )
         self.sweeper = Manage(
-            "sweep_operations", "--interval", "2", "--older-than", "5", **self.env, PGAPPNAME="chaos-sweeper"
+            "sweep_jobs", "--interval", "2", "--older-than", "5", **self.env, PGAPPNAME="chaos-sweeper"
         )
         self._incarnations = 0
 
@@ -1127,14 +1127,14 @@ class Run:
 
     def settle(self, timeout: float) -> None:
         """Wait (bounded) until every job completed and nothing is pending in the streams."""
-        from idempotency.models import Operation
+        from eventbus.models import Job as JobRow
 
         bus = self.topology.bus()
         try:
 
             def quiet():
-                states = Operation.objects.filter(owner__username__startswith=self.prefix).exclude(
-                    state=Operation.State.COMPLETED
+                states = JobRow.objects.filter(owner__username__startswith=self.prefix).exclude(
+                    state=JobRow.State.COMPLETED
                 )
                 if states.exists():
                     return False
@@ -1290,7 +1290,7 @@ class Checker:
         run = self.run
         jobs = [job for job in run.jobs]
         self.check_answers(jobs)
-        self.check_operations(jobs)
+        self.check_job_rows(jobs)
         self.check_executions(jobs)
         self.check_redis(jobs)
         self.check_watchers(jobs)
@@ -1319,7 +1319,7 @@ class Checker:
             lost = sum(a.answers_lost for a in job.answers)
             # The first answer may have been lost on its way (a web server died after the view ran and
             # stored it): then every answer the client got is a replay of it. Still one execution:
-            # check_operations and check_executions count those.
+            # check_job_rows and check_executions count those.
             if len(firsts) != 1 and not (not firsts and lost):
                 self.fail(
                     f"key {job.key}: {len(firsts)} answers were not replays (expected exactly 1): "
@@ -1346,39 +1346,38 @@ class Checker:
             "concurrent_keys": sum(j.concurrent for j in jobs),
         }
 
-    def check_operations(self, jobs: list[Job]) -> None:
-        from idempotency.models import IdempotencyRecord, Operation
+    def check_job_rows(self, jobs: list[Job]) -> None:
+        from eventbus.models import Job as JobRow
+        from idempotency.models import IdempotencyRecord
 
-        operations = list(Operation.objects.filter(owner__username__startswith=self.run.prefix))
+        rows = list(JobRow.objects.filter(owner__username__startswith=self.run.prefix))
         by_key: dict[tuple[int | None, str], list] = {}
-        for operation in operations:
-            by_key.setdefault((operation.owner_id, operation.idem_key), []).append(operation)
+        for row in rows:
+            by_key.setdefault((row.owner_id, row.idem_key), []).append(row)
         records = {
             (r.scope, r.key): r for r in IdempotencyRecord.objects.filter(key__in=[job.key for job in jobs])
         }
         for job in jobs:
             found = by_key.get((job.user.pk, job.key), [])
             if len(found) != 1:
-                self.fail(f"key {job.key}: {len(found)} Operations (expected 1)")
+                self.fail(f"key {job.key}: {len(found)} job rows (expected 1)")
                 continue
-            operation = found[0]
-            if job.job_id and str(operation.op_id) != job.job_id:
-                self.fail(
-                    f"key {job.key}: the API answered job {job.job_id}, the Operation is {operation.op_id}"
-                )
-            if operation.state != Operation.State.COMPLETED or operation.completed_at is None:
-                self.fail(f"job {operation.op_id} ({job.domain}) is {operation.state}, not COMPLETED")
-            status, detail = self.run.details.get(str(operation.op_id), (0, None))
+            row = found[0]
+            if job.job_id and str(row.id) != job.job_id:
+                self.fail(f"key {job.key}: the API answered job {job.job_id}, the job row is {row.id}")
+            if row.state != JobRow.State.COMPLETED or row.completed_at is None:
+                self.fail(f"job {row.id} ({job.domain}) is {row.state}, not COMPLETED")
+            status, detail = self.run.details.get(str(row.id), (0, None))
             body = detail or {}
             latest = body.get("latest_event") or {}
             if status != 200 or body.get("state") != "COMPLETED" or latest.get("seq") != FINAL_SEQ:
-                self.fail(f"GET /api/jobs/{operation.op_id}/: {status} {detail}")
+                self.fail(f"GET /api/jobs/{row.id}/: {status} {detail}")
             record = [r for (scope, key), r in records.items() if key == job.key]
             if len(record) != 1 or record[0].state != IdempotencyRecord.State.COMPLETED:
                 self.fail(f"key {job.key}: idempotency records {[(r.scope, r.state) for r in record]}")
-        self.figures["operations"] = len(operations)
-        if len(operations) != len(jobs):
-            self.fail(f"{len(operations)} Operations for {len(jobs)} keys")
+        self.figures["job_rows"] = len(rows)
+        if len(rows) != len(jobs):
+            self.fail(f"{len(rows)} job rows for {len(jobs)} keys")
 
     def check_executions(self, jobs: list[Job]) -> None:
         """One execution to completion per job: the worker logs tell (across every restart).

@@ -1,4 +1,4 @@
-"""Event bus fixtures: settings overrides, a Celery broker on the test Redis and operations to
+"""Event bus fixtures: settings overrides, a Celery broker on the test Redis and jobs to
 run (the Redis Cluster fixtures are the suite's: tests/conftest.py)."""
 
 import os
@@ -28,11 +28,11 @@ def broker(redis_client, redis_url):
 
 
 @pytest.fixture
-def make_operation(user):
-    from idempotency.models import Operation
+def make_job(user):
+    from eventbus.models import Job
 
     def make(domain="scan", payload=None, **fields):
-        return Operation.objects.create(
+        return Job.objects.create(
             scope=f"t:{user.pk}",
             idem_key=fields.pop("idem_key", os.urandom(8).hex()),
             owner=user,

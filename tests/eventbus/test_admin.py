@@ -1,21 +1,22 @@
-"""The admin of stage records (eventbus.admin): read-only, a failed stage's traceback shown to
-whoever has the model's view permission, and nothing at all without it."""
+"""The admin of jobs and stage records (eventbus.admin): read-only, a failed stage's traceback
+shown to whoever has the model's view permission, and nothing at all without it; the job actions
+need the change permission."""
 
 import pytest
 from django.contrib.auth.models import Permission
 from django.test import Client
 
-from eventbus import jobs
+from eventbus import runs
 from eventbus.models import StageRecord
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def failed_stage(redis_client, make_operation, tmp_path):
-    operation = make_operation("staged", {"log": str(tmp_path / "log"), "raise": "card declined"})
-    assert jobs.run(str(operation.op_id)) == "FAILED"
-    return StageRecord.objects.get(operation=operation, stage="second")
+def failed_stage(redis_client, make_job, tmp_path):
+    job = make_job("staged", {"log": str(tmp_path / "log"), "raise": "card declined"})
+    assert runs.run(str(job.id)) == "FAILED"
+    return StageRecord.objects.get(job=job, stage="second")
 
 
 def staff(django_user_model, name, *codenames):
@@ -34,7 +35,7 @@ def test_the_view_permission_shows_a_failed_stage_and_its_traceback(failed_stage
     assert "<pre>Traceback (most recent call last):" in html and "ValueError: card declined" in html
     assert "raise ValueError(ctx.payload[&quot;raise&quot;])" in html  # escaped, as all of it
     assert 'name="_save"' not in html  # read-only: no save button
-    job_id = str(failed_stage.operation_id)
+    job_id = str(failed_stage.job_id)
     listing = client.get("/admin/eventbus/stagerecord/", {"q": job_id[:8], "stage": "second"})
     assert listing.status_code == 200 and f"/admin/eventbus/stagerecord/{failed_stage.pk}/change/" in (
         listing.content.decode()
@@ -71,48 +72,48 @@ def test_no_add_no_change_and_delete_only_with_its_permission(failed_stage, djan
     assert not StageRecord.objects.filter(pk=failed_stage.pk).exists()
 
 
-# The job actions of the operation admin (idempotency.admin, services of eventbus) -------------
+# The job actions of the job admin (eventbus.admin, eventbus.services) ------------------------
 
-JOBS = "/admin/idempotency/operation/"
+JOBS = "/admin/eventbus/job/"
 
 
-def job_action(client, action, *operations):
-    return client.post(JOBS, {"action": action, "_selected_action": [o.pk for o in operations]}, follow=True)
+def job_action(client, action, *jobs):
+    return client.post(JOBS, {"action": action, "_selected_action": [job.pk for job in jobs]}, follow=True)
 
 
 @pytest.mark.django_db(transaction=True)  # cancel_job's final event is published on commit
-def test_the_job_actions_need_the_change_permission(broker, make_operation, django_user_model):
-    from idempotency.models import Operation
+def test_the_job_actions_need_the_change_permission(broker, make_job, django_user_model):
+    from eventbus.models import Job
 
-    pending = make_operation("flaky", {"log": "/dev/null", "api": "x"})
-    failed = make_operation("flaky", {"log": "/dev/null", "api": "x"}, state=Operation.State.FAILED)
-    viewer = staff(django_user_model, "viewer", "view_operation")
+    pending = make_job("flaky", {"log": "/dev/null", "api": "x"})
+    failed = make_job("flaky", {"log": "/dev/null", "api": "x"}, state=Job.State.FAILED)
+    viewer = staff(django_user_model, "viewer", "view_job")
     for action, job in (("cancel_jobs", pending), ("retry_jobs", failed)):
         assert job_action(viewer, action, job).status_code == 200  # "no action selected"
-    assert Operation.objects.get(pk=pending.pk).state == Operation.State.PENDING
-    assert not Operation.objects.filter(retry_of=failed).exists()
+    assert Job.objects.get(pk=pending.pk).state == Job.State.PENDING
+    assert not Job.objects.filter(retry_of=failed).exists()
 
-    changer = staff(django_user_model, "changer", "view_operation", "change_operation")
+    changer = staff(django_user_model, "changer", "view_job", "change_job")
     assert b"Cancelled 1 job(s); 1 had ended." in job_action(changer, "cancel_jobs", pending, failed).content
-    assert Operation.objects.get(pk=pending.pk).state == Operation.State.CANCELLED
+    assert Job.objects.get(pk=pending.pk).state == Job.State.CANCELLED
     page = job_action(changer, "retry_jobs", failed, pending).content
     assert b"Retried 2 job(s)." in page  # the cancelled one too
     assert job_action(changer, "retry_jobs", failed).content.count(b"Retried 0 job(s).") == 1  # once each
-    retry = Operation.objects.get(retry_of=failed)
-    assert (retry.idem_key, retry.owner_id) == (f"retry:{failed.op_id}", failed.owner_id)
+    retry = Job.objects.get(retry_of=failed)
+    assert (retry.idem_key, retry.owner_id) == (f"retry:{failed.id}", failed.owner_id)
 
 
-# A job's page and the job list (idempotency.admin's OperationAdmin, eventbus.selectors) -------
+# A job's page and the job list (eventbus.admin's JobAdmin, eventbus.selectors) ----------------
 
 
 @pytest.fixture
-def failed_job(redis_client, make_operation, tmp_path):
+def failed_job(redis_client, make_job, tmp_path):
     """A staged job run to FAILED in its second stage, with an error that is markup."""
-    from idempotency.models import Operation
+    from eventbus.models import Job
 
-    operation = make_operation("staged", {"log": str(tmp_path / "log"), "raise": "<script>alert(1)</script>"})
-    assert jobs.run(str(operation.op_id)) == "FAILED"
-    return Operation.objects.get(pk=operation.pk)
+    job = make_job("staged", {"log": str(tmp_path / "log"), "raise": "<script>alert(1)</script>"})
+    assert runs.run(str(job.id)) == "FAILED"
+    return Job.objects.get(pk=job.pk)
 
 
 def test_a_jobs_page_shows_its_stages_as_a_timeline_its_events_and_its_retry_chain(
@@ -120,8 +121,8 @@ def test_a_jobs_page_shows_its_stages_as_a_timeline_its_events_and_its_retry_cha
 ):
     from eventbus.services import retry_job
 
-    retry, _ = retry_job(failed_job.op_id, key="admin-retry")
-    viewer = staff(django_user_model, "viewer", "view_operation")
+    retry, _ = retry_job(failed_job.id, key="admin-retry")
+    viewer = staff(django_user_model, "viewer", "view_job")
     page = viewer.get(f"{JOBS}{failed_job.pk}/change/")
     assert page.status_code == 200
     html = page.content.decode()
@@ -143,20 +144,22 @@ def test_a_jobs_page_shows_its_stages_as_a_timeline_its_events_and_its_retry_cha
     assert f'href="{JOBS}{retry.pk}/change/"' in html  # retried by
     retried = viewer.get(f"{JOBS}{retry.pk}/change/").content.decode()
     assert f'href="{JOBS}{failed_job.pk}/change/"' in retried  # retry of
+    # The retry's key is in its owner's scope (-:<pk>): the owner is shown, not the raw scope.
+    assert f"alice (user {retry.owner_id})" in retried and f"-:{retry.owner_id}" not in retried
     # The retry reused the first stage: COMPLETED there too, the others not run yet.
     assert "<td>First (first)</td><td>COMPLETED</td>" in retried
     assert "<td>Second (second)</td><td>PENDING</td>" in retried
 
 
 def test_the_job_list_filters_by_state_and_type_without_a_query_per_row(
-    failed_job, make_operation, django_user_model
+    failed_job, make_job, django_user_model
 ):
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from idempotency.models import Operation
+    from eventbus.models import Job
 
-    viewer = staff(django_user_model, "viewer", "view_operation")
+    viewer = staff(django_user_model, "viewer", "view_job")
 
     def listing(**filters):
         with CaptureQueriesContext(connection) as queries:
@@ -166,7 +169,7 @@ def test_the_job_list_filters_by_state_and_type_without_a_query_per_row(
 
     shown, few = listing()
     assert shown == {str(failed_job.pk)}
-    others = [make_operation("flaky", {"api": "x"}) for _ in range(5)]
+    others = [make_job("flaky", {"api": "x"}) for _ in range(5)]
     shown, many = listing()
     assert len(shown) == 6 and many == few  # the owner column's users come in the page's query
     assert listing(state="FAILED")[0] == {str(failed_job.pk)}
@@ -176,19 +179,29 @@ def test_the_job_list_filters_by_state_and_type_without_a_query_per_row(
     assert "By job type" in page
     for column in ("Owner", "State", "Domain", "Accepted at", "Duration"):
         assert column in page
-    assert Operation.objects.count() == 6
+    assert Job.objects.count() == 6
 
 
-def test_a_jobs_page_shows_the_start_of_a_large_events_data(make_operation, redis_client, django_user_model):
-    operation = make_operation("staged", {"log": "/dev/null"})
+def test_a_jobs_page_shows_the_start_of_a_large_events_data(make_job, redis_client, django_user_model):
+    job = make_job("staged", {"log": "/dev/null"})
     StageRecord.objects.create(
-        operation=operation,
+        job=job,
         stage="first",
         attempts=1,
         events=[["first", 10, {"text": "x" * 5000 + "TAIL-OF-DATA"}]],
     )
-    page = staff(django_user_model, "viewer", "view_operation").get(f"{JOBS}{operation.pk}/change/")
+    page = staff(django_user_model, "viewer", "view_job").get(f"{JOBS}{job.pk}/change/")
     html = page.content.decode()
     assert page.status_code == 200 and "<td>10</td><td>first</td>" in html
     assert "x" * 150 in html and "TAIL-OF-DATA" not in html and "…" in html
     assert "<td>First (first)</td><td>RUNNING</td>" in html  # started, neither finished nor failed
+
+
+def test_the_admin_index_lists_jobs_under_jobs(django_user_model):
+    client = staff(django_user_model, "viewer", "view_job", "view_stagerecord", "view_deadletter")
+    html = client.get("/admin/").content.decode()
+    app = html[html.index('title="Models in the Jobs application"') :]
+    app = app[: app.index("</table>")]
+    assert f'<a href="{JOBS}">Jobs</a>' in app and "Stage records" in app and "Dead letters" in app
+    assert "Operations" not in html and "/admin/idempotency/operation/" not in html
+    assert client.get(JOBS).status_code == 200

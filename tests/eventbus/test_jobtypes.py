@@ -8,7 +8,7 @@ import pytest
 import redis
 from django.core.exceptions import ImproperlyConfigured
 
-from eventbus import jobs
+from eventbus import runs
 from eventbus.jobtypes import (
     JobType,
     Stage,
@@ -21,14 +21,13 @@ from eventbus.jobtypes import (
     shard_count,
 )
 from eventbus.keys import JobKeys
-from eventbus.models import StageRecord
+from eventbus.models import Job, StageRecord
 from eventbus.testing import events_of
-from idempotency.models import Operation
 
 from .helpers import job_events
 from .jobtypes import StagedJob, lines
 
-State = Operation.State
+State = Job.State
 
 
 @pytest.fixture(autouse=True)
@@ -161,10 +160,10 @@ def test_the_jobs_api_accepts_every_registered_type_and_refuses_others(api_clien
 
 @pytest.mark.django_db(transaction=True)
 def test_a_rerun_skips_finished_stages_and_reuses_their_results_and_events(
-    redis_client, make_operation, tmp_path, monkeypatch
+    redis_client, make_job, tmp_path, monkeypatch
 ):
     log_path = str(tmp_path / "log")
-    operation = make_operation("staged", {"log": log_path})
+    job = make_job("staged", {"log": log_path})
     real_third = StagedJob.third
 
     def crash_once(self, ctx):  # Redis goes away in the third stage, on the first run only
@@ -174,9 +173,9 @@ def test_a_rerun_skips_finished_stages_and_reuses_their_results_and_events(
 
     monkeypatch.setattr(StagedJob, "third", crash_once)
     with pytest.raises(redis.ConnectionError):
-        jobs.run(str(operation.op_id), fail_on_transient=False)
-    assert jobs.run(str(operation.op_id)) == State.COMPLETED
-    key = f"{operation.op_id}:second"
+        runs.run(str(job.id), fail_on_transient=False)
+    assert runs.run(str(job.id)) == State.COMPLETED
+    key = f"{job.id}:second"
     assert lines(log_path) == [
         "first",
         "second attempt 1 after {'n': 1}",
@@ -184,11 +183,11 @@ def test_a_rerun_skips_finished_stages_and_reuses_their_results_and_events(
         "second charged",
         "third",
     ]  # the third stage's work ran on its second attempt only; the first two ran once
-    records = {r.stage: r for r in StageRecord.objects.filter(operation=operation)}
+    records = {r.stage: r for r in StageRecord.objects.filter(job=job)}
     assert {name: r.attempts for name, r in records.items()} == {"first": 1, "second": 1, "third": 2}
     assert records["second"].result == {"receipt": {"charged": 5}}
     assert [seq for _stage, seq, _data in records["second"].events] == [20, 21]
-    assert job_events(redis_client, "staged", operation.op_id) == [
+    assert job_events(redis_client, "staged", job.id) == [
         ("first", 10),
         ("second", 20),
         ("second", 21),
@@ -198,19 +197,19 @@ def test_a_rerun_skips_finished_stages_and_reuses_their_results_and_events(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_recorded_events_restore_a_stream_that_lost_them(redis_client, make_operation, tmp_path, monkeypatch):
+def test_recorded_events_restore_a_stream_that_lost_them(redis_client, make_job, tmp_path, monkeypatch):
     """Redis lost everything between two runs: the finished stages' recorded events are
     published again, and only the unfinished stage runs."""
     log_path = str(tmp_path / "log")
-    operation = make_operation("staged", {"log": log_path})
+    job = make_job("staged", {"log": log_path})
     monkeypatch.setattr(StagedJob, "third", lambda self, ctx: (_ for _ in ()).throw(redis.TimeoutError()))
     with pytest.raises(redis.TimeoutError):
-        jobs.run(str(operation.op_id), fail_on_transient=False)
+        runs.run(str(job.id), fail_on_transient=False)
     redis_client.flushdb()
     monkeypatch.undo()
-    assert jobs.run(str(operation.op_id)) == State.COMPLETED
+    assert runs.run(str(job.id)) == State.COMPLETED
     assert lines(log_path).count("first") == 1 and lines(log_path).count("third") == 1
-    assert job_events(redis_client, "staged", operation.op_id) == [
+    assert job_events(redis_client, "staged", job.id) == [
         ("first", 10),
         ("second", 20),
         ("second", 21),
@@ -220,13 +219,13 @@ def test_recorded_events_restore_a_stream_that_lost_them(redis_client, make_oper
 
 
 @pytest.mark.django_db
-def test_job_failed_ends_the_job_with_its_reason(redis_client, make_operation, tmp_path):
-    operation = make_operation("staged", {"log": str(tmp_path / "log"), "fail": True})
-    assert jobs.run(str(operation.op_id)) == State.FAILED
+def test_job_failed_ends_the_job_with_its_reason(redis_client, make_job, tmp_path):
+    job = make_job("staged", {"log": str(tmp_path / "log"), "fail": True})
+    assert runs.run(str(job.id)) == State.FAILED
     final = [
         json.loads(f[b"data"])
-        for _, f in redis_client.xrange(JobKeys("staged", str(operation.op_id)).stream)
-        if f[b"job_id"].decode() == str(operation.op_id) and f[b"stage"] == b"done"
+        for _, f in redis_client.xrange(JobKeys("staged", str(job.id)).stream)
+        if f[b"job_id"].decode() == str(job.id) and f[b"stage"] == b"done"
     ]
     assert final == [
         {
@@ -241,10 +240,10 @@ def test_job_failed_ends_the_job_with_its_reason(redis_client, make_operation, t
 
 
 @pytest.mark.django_db
-def test_a_stage_result_that_is_not_json_fails_the_job_clearly(redis_client, make_operation, caplog):
+def test_a_stage_result_that_is_not_json_fails_the_job_clearly(redis_client, make_job, caplog):
     broken = register(declare(name="not_json", a=lambda self, ctx: object()))
-    operation = make_operation(broken.name)
-    assert jobs.run(str(operation.op_id)) == State.FAILED
+    job = make_job(broken.name)
+    assert runs.run(str(job.id)) == State.FAILED
     assert "must return JSON-serialisable data" in caplog.text
 
 
@@ -259,21 +258,23 @@ def nul_event(self, ctx):
     ids=["result", "key", "event"],
 )
 def test_a_nul_in_what_a_stage_records_fails_its_job_alike_on_every_database(
-    redis_client, make_operation, api_client, work
+    redis_client, make_job, api_client, work
 ):
     """PostgreSQL's jsonb cannot store a NUL: it failed the job there with a DataError and
     completed it on SQLite. Now it is the same clear failure on both."""
-    job = register(declare(name="nul", a=work))
-    operation = make_operation(job.name)
-    assert jobs.run(str(operation.op_id)) == State.FAILED
-    error = api_client.get(f"/api/jobs/{operation.op_id}/").json()["error"]
+    job_type = register(declare(name="nul", a=work))
+    job = make_job(job_type.name)
+    assert runs.run(str(job.id)) == State.FAILED
+    error = api_client.get(f"/api/jobs/{job.id}/").json()["error"]
     assert error["stage"] == "a" and error["type"] == "TypeError" and "NUL" in error["message"]
 
 
 @pytest.mark.django_db
-def test_a_backslash_before_u0000_is_no_nul(redis_client, make_operation):
+def test_a_backslash_before_u0000_is_no_nul(redis_client, make_job):
     """What a JSON text spells \\u0000 with an escaped backslash is text, not a NUL: recorded."""
-    job = register(declare(name="backslash", a=lambda self, ctx: {"path": "C:\\u0000", "odd": "\\\\u0000"}))
-    operation = make_operation(job.name)
-    assert jobs.run(str(operation.op_id)) == State.COMPLETED
-    assert StageRecord.objects.get(operation=operation).result == {"path": "C:\\u0000", "odd": "\\\\u0000"}
+    job_type = register(
+        declare(name="backslash", a=lambda self, ctx: {"path": "C:\\u0000", "odd": "\\\\u0000"})
+    )
+    job = make_job(job_type.name)
+    assert runs.run(str(job.id)) == State.COMPLETED
+    assert StageRecord.objects.get(job=job).result == {"path": "C:\\u0000", "odd": "\\\\u0000"}

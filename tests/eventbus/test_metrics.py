@@ -13,14 +13,14 @@ from prometheus_client import REGISTRY
 
 from eventbus import lifecycle
 from eventbus.jobtypes import Stage, registry
-from idempotency.models import Operation
+from eventbus.models import Job
 
 from .jobtypes import FlakyJob, outside_api_down
 from .test_metrics_worker import value
 from .test_operating import flaky_payload, run_to_end
 
 pytestmark = pytest.mark.django_db(transaction=True)
-State = Operation.State
+State = Job.State
 
 
 def sample(name: str, **labels) -> float:
@@ -47,9 +47,9 @@ def scrape(client) -> str:
     return response.content.decode()
 
 
-def test_jobs_in_flight_are_read_from_the_database_at_each_scrape(client, make_operation, monkeypatch):
+def test_jobs_in_flight_are_read_from_the_database_at_each_scrape(client, make_job, monkeypatch):
     monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
-    scan, chat = make_operation("scan"), make_operation("chat")
+    scan, chat = make_job("scan"), make_job("chat")
     counts = Counts(
         ("eventbus_jobs_ended_total", {"domain": "scan", "outcome": "completed"}),
         ("eventbus_jobs_ended_total", {"domain": "chat", "outcome": "cancelled"}),
@@ -79,8 +79,8 @@ def test_jobs_in_flight_are_read_from_the_database_at_each_scrape(client, make_o
     assert counts.grown() == [1, 1, 1, 1, 0]  # chat never started
 
 
-def test_a_change_rolled_back_is_not_counted(make_operation):
-    job = make_operation("scan")
+def test_a_change_rolled_back_is_not_counted(make_job):
+    job = make_job("scan")
     counts = Counts(
         ("eventbus_jobs_ended_total", {"domain": "scan", "outcome": "completed"}),
         ("eventbus_job_queue_seconds_count", {"domain": "scan"}),
@@ -88,15 +88,13 @@ def test_a_change_rolled_back_is_not_counted(make_operation):
     with pytest.raises(RuntimeError), transaction.atomic():
         assert lifecycle.start(job) and lifecycle.end(job, State.COMPLETED)
         raise RuntimeError("the transaction fails after the change")
-    assert Operation.objects.get(pk=job.pk).state == State.PENDING
+    assert Job.objects.get(pk=job.pk).state == State.PENDING
     assert counts.grown() == [0, 0]
     assert lifecycle.start(job) and lifecycle.end(job, State.COMPLETED)  # committed: counted once
     assert counts.grown() == [1, 1]
 
 
-def test_stage_attempts_are_timed_by_outcome_timeouts_included(
-    redis_client, make_operation, tmp_path, monkeypatch
-):
+def test_stage_attempts_are_timed_by_outcome_timeouts_included(redis_client, make_job, tmp_path, monkeypatch):
     stages = list(FlakyJob.stages)
     stages[2] = Stage("wait", "Waiting", width=50, timeout=0.3, retries=1, backoff=0.01)
     monkeypatch.setattr(FlakyJob, "stages", tuple(stages))
@@ -117,7 +115,7 @@ def test_stage_attempts_are_timed_by_outcome_timeouts_included(
     # Past its Stage.timeout twice: the first attempt is retried, the second fails the job.
     payload = flaky_payload(tmp_path, wait=3)
     outside_api_down(payload["api"], 0)
-    assert run_to_end(make_operation("flaky", payload).op_id) == State.FAILED
+    assert run_to_end(make_job("flaky", payload).id) == State.FAILED
     assert counts.grown() == [1, 1, 1, 1, 1, 0]
     timed_out = sample(
         "eventbus_stage_duration_seconds_sum", domain="flaky", stage="wait", outcome="timed_out"
@@ -127,11 +125,11 @@ def test_stage_attempts_are_timed_by_outcome_timeouts_included(
     # The job's deadline passes during the stage: the attempt and the job timed out.
     payload = flaky_payload(tmp_path, wait=3)
     outside_api_down(payload["api"], 0)
-    job = make_operation("flaky", payload, deadline=timezone.now() + timedelta(seconds=0.5))
+    job = make_job("flaky", payload, deadline=timezone.now() + timedelta(seconds=0.5))
     monkeypatch.setattr(
         FlakyJob, "stages", FlakyJob.stages[:2] + (Stage("wait", "Waiting", width=50),) + FlakyJob.stages[3:]
     )
-    assert run_to_end(job.op_id) == State.TIMED_OUT
+    assert run_to_end(job.id) == State.TIMED_OUT
     assert counts.grown() == [1, 2, 1, 2, 1, 1]
 
 

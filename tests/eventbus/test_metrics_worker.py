@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rest_framework.authtoken.models import Token
 
 from config.redis_server import free_port
-from idempotency.models import Operation
+from eventbus.models import Job
 from tests.processes import Web, Worker, wait_for
 
 from .helpers import job_events
@@ -25,7 +25,7 @@ from .jobtypes import outside_api_down
 from .test_tasks_worker import VISIBILITY_TIMEOUT, wait_for_state
 
 pytestmark = pytest.mark.django_db(transaction=True)
-State = Operation.State
+State = Job.State
 
 
 def samples(text: str) -> list[tuple[str, dict, float]]:

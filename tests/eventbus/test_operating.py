@@ -14,37 +14,36 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
 from django.utils import timezone
 
-from eventbus import jobs, recovery
+from eventbus import recovery, runs
 from eventbus.exceptions import JobEnded, JobNotRetryable
 from eventbus.jobtypes import InvalidPayload, JobFailed, Stage, StageTimeout, UnknownJobType
 from eventbus.keys import JobKeys
-from eventbus.models import StageRecord
+from eventbus.models import Job, StageRecord
 from eventbus.services import cancel_job, retry_job, start_job
 from eventbus.stages import StageRetry
 from eventbus.testing import events_of
 from idempotency.exceptions import IdempotencyKeyMismatch
-from idempotency.models import Operation
 from tests.idempotency.test_concurrency import in_threads
 from tests.processes import wait_for
 
 from .helpers import job_events, queued_task_ids
 from .jobtypes import FlakyJob, lines, outside_api_calls, outside_api_charges, outside_api_down
 
-State = Operation.State
+State = Job.State
 
 
 def flaky_payload(tmp_path, **extra):
     return {"log": str(tmp_path / "log"), "api": f"api-{uuid.uuid4().hex[:8]}", **extra}
 
 
-def run_to_end(job_id, *, runs: int = 20) -> str:
-    """jobs.run, again after each stage retry's countdown (what the task's retry does)."""
-    for _ in range(runs):
+def run_to_end(job_id, *, attempts: int = 20) -> str:
+    """runs.run, again after each stage retry's countdown (what the task's retry does)."""
+    for _ in range(attempts):
         try:
-            return jobs.run(str(job_id))
+            return runs.run(str(job_id))
         except StageRetry as retry:
             time.sleep(retry.countdown)
-    raise AssertionError(f"job {job_id} still retrying after {runs} runs")
+    raise AssertionError(f"job {job_id} still retrying after {attempts} runs")
 
 
 def finals(client, job_id, domain="flaky") -> list[dict]:
@@ -116,43 +115,43 @@ def test_events_of_runs_the_retries_a_stage_policy_allows(redis_client, tmp_path
 
 @pytest.mark.django_db
 def test_a_stage_past_its_timeout_is_stopped_at_its_report_and_retried(
-    redis_client, make_operation, tmp_path, monkeypatch
+    redis_client, make_job, tmp_path, monkeypatch
 ):
     stages = list(FlakyJob.stages)
     stages[2] = Stage("wait", "Waiting", width=50, timeout=0.3, retries=1, backoff=0.01)
     monkeypatch.setattr(FlakyJob, "stages", tuple(stages))
     payload = flaky_payload(tmp_path, wait=3)
     outside_api_down(payload["api"], 0)
-    operation = make_operation("flaky", payload)
-    assert run_to_end(operation.op_id) == State.FAILED
-    record = StageRecord.objects.get(operation=operation, stage="wait")
+    job = make_job("flaky", payload)
+    assert run_to_end(job.id) == State.FAILED
+    record = StageRecord.objects.get(job=job, stage="wait")
     assert (record.attempts, record.error_type, record.state) == (2, "StageTimeout", "FAILED")
-    waits = [seq for stage, seq in job_events(redis_client, "flaky", operation.op_id) if stage == "wait"]
+    waits = [seq for stage, seq in job_events(redis_client, "flaky", job.id) if stage == "wait"]
     assert 1 <= len(waits) < 10  # stopped at a report after 0.3 s of its 3 s
-    assert finals(redis_client, operation.op_id)[0]["error"]["type"] == "StageTimeout"
+    assert finals(redis_client, job.id)[0]["error"]["type"] == "StageTimeout"
 
 
 @pytest.mark.django_db
-def test_a_run_before_its_stages_retry_is_due_runs_nothing(redis_client, make_operation, tmp_path):
+def test_a_run_before_its_stages_retry_is_due_runs_nothing(redis_client, make_job, tmp_path):
     """A duplicate message (or the recovery) that arrives while a retry waits waits too."""
     payload = flaky_payload(tmp_path)
     outside_api_down(payload["api"], 1)
-    operation = make_operation("flaky", payload)
+    job = make_job("flaky", payload)
     with pytest.raises(StageRetry):
-        jobs.run(str(operation.op_id))
-    record = StageRecord.objects.get(operation=operation, stage="pay")
+        runs.run(str(job.id))
+    record = StageRecord.objects.get(job=job, stage="pay")
     assert record.state == "RETRYING" and record.next_attempt_at > timezone.now() - timedelta(seconds=1)
     StageRecord.objects.filter(pk=record.pk).update(next_attempt_at=timezone.now() + timedelta(hours=1))
     with pytest.raises(StageRetry) as waited:
-        jobs.run(str(operation.op_id))
+        runs.run(str(job.id))
     assert 3500 < waited.value.countdown <= 3600
     assert StageRecord.objects.get(pk=record.pk).attempts == 1
-    assert lines(payload["log"]) == ["prepare", f"pay attempt 1 key {operation.op_id}:pay"]
+    assert lines(payload["log"]) == ["prepare", f"pay attempt 1 key {job.id}:pay"]
 
 
 @pytest.mark.django_db
 def test_run_eagerly_a_stage_retry_waits_its_countdown_in_the_caller(
-    redis_client, make_operation, tmp_path, monkeypatch
+    redis_client, make_job, tmp_path, monkeypatch
 ):
     """CELERY_TASK_ALWAYS_EAGER (a project's tests): Celery runs a retry at once; the task waits
     the countdown itself instead of finding the retry not due, again and again (recursing)."""
@@ -163,87 +162,85 @@ def test_run_eagerly_a_stage_retry_waits_its_countdown_in_the_caller(
     monkeypatch.setattr(FlakyJob, "stages", tuple(stages))
     payload = flaky_payload(tmp_path)
     outside_api_down(payload["api"], 2)
-    operation = make_operation("flaky", payload)
-    result = run_job.apply((str(operation.op_id),))
+    job = make_job("flaky", payload)
+    result = run_job.apply((str(job.id),))
     assert result.get() == State.COMPLETED
-    assert StageRecord.objects.get(operation=operation, stage="pay").attempts == 3
+    assert StageRecord.objects.get(job=job, stage="pay").attempts == 3
 
 
 @pytest.mark.django_db
-def test_a_job_waiting_for_a_retry_is_not_a_lost_run_until_the_retry_is_due(broker, make_operation, settings):
+def test_a_job_waiting_for_a_retry_is_not_a_lost_run_until_the_retry_is_due(broker, make_job, settings):
     settings.EVENTBUS = {**settings.EVENTBUS, "RECOVER_AFTER": 60}
     quiet = timezone.now() - timedelta(seconds=120)
-    waiting = make_operation(state=State.RUNNING, enqueued_at=quiet)
+    waiting = make_job(state=State.RUNNING, enqueued_at=quiet)
     StageRecord.objects.create(
-        operation=waiting, stage="pay", started_at=quiet, next_attempt_at=timezone.now() + timedelta(hours=1)
+        job=waiting, stage="pay", started_at=quiet, next_attempt_at=timezone.now() + timedelta(hours=1)
     )
     assert recovery.recover_stranded() == 0
-    StageRecord.objects.filter(operation=waiting).update(next_attempt_at=quiet)  # due long ago: lost
+    StageRecord.objects.filter(job=waiting).update(next_attempt_at=quiet)  # due long ago: lost
     assert recovery.recover_stranded() == 1
-    assert queued_task_ids(broker) == [str(waiting.op_id)]
+    assert queued_task_ids(broker) == [str(waiting.id)]
 
 
 # Cancel ------------------------------------------------------------------------------------
 
 
 @pytest.mark.django_db(transaction=True)  # on_commit runs
-def test_a_job_cancelled_before_it_started_never_starts(redis_client, make_operation, tmp_path):
-    operation = make_operation("flaky", flaky_payload(tmp_path))
-    cancelled = cancel_job(operation.op_id)
+def test_a_job_cancelled_before_it_started_never_starts(redis_client, make_job, tmp_path):
+    job = make_job("flaky", flaky_payload(tmp_path))
+    cancelled = cancel_job(job.id)
     assert cancelled.state == State.CANCELLED and cancelled.cancel_requested_at is not None
-    assert jobs.run(str(operation.op_id)) == "skipped"
-    assert job_events(redis_client, "flaky", operation.op_id) == [("done", FlakyJob.final_seq())]
-    assert finals(redis_client, operation.op_id)[0]["state"] == "CANCELLED"
-    assert not StageRecord.objects.filter(operation=operation).exists()
+    assert runs.run(str(job.id)) == "skipped"
+    assert job_events(redis_client, "flaky", job.id) == [("done", FlakyJob.final_seq())]
+    assert finals(redis_client, job.id)[0]["state"] == "CANCELLED"
+    assert not StageRecord.objects.filter(job=job).exists()
     with pytest.raises(JobEnded):
-        cancel_job(operation.op_id)
+        cancel_job(job.id)
 
 
 @pytest.mark.django_db(transaction=True)  # on_commit runs
-def test_cancelling_a_job_that_waits_for_a_retry_ends_it_without_waiting(broker, make_operation, tmp_path):
+def test_cancelling_a_job_that_waits_for_a_retry_ends_it_without_waiting(broker, make_job, tmp_path):
     payload = flaky_payload(tmp_path)
     outside_api_down(payload["api"], 1)
-    operation = make_operation("flaky", payload)
+    job = make_job("flaky", payload)
     with pytest.raises(StageRetry):
-        jobs.run(str(operation.op_id))
-    StageRecord.objects.filter(operation=operation).update(
-        next_attempt_at=timezone.now() + timedelta(hours=1)
-    )
-    cancel_job(operation.op_id)
-    assert queued_task_ids(broker) == [str(operation.op_id)]  # a run now, not in an hour
-    assert jobs.run(str(operation.op_id)) == State.CANCELLED
-    record = StageRecord.objects.get(operation=operation, stage="pay")
+        runs.run(str(job.id))
+    StageRecord.objects.filter(job=job).update(next_attempt_at=timezone.now() + timedelta(hours=1))
+    cancel_job(job.id)
+    assert queued_task_ids(broker) == [str(job.id)]  # a run now, not in an hour
+    assert runs.run(str(job.id)) == State.CANCELLED
+    record = StageRecord.objects.get(job=job, stage="pay")
     assert (record.attempts, record.next_attempt_at) == (1, None)
-    assert [f["state"] for f in finals(broker, operation.op_id)] == ["CANCELLED"]
+    assert [f["state"] for f in finals(broker, job.id)] == ["CANCELLED"]
 
 
 @pytest.mark.django_db(transaction=True)  # on_commit runs
-def test_cancelling_a_running_job_sends_a_run_only_when_none_is_live(broker, make_operation, tmp_path):
-    live = make_operation("flaky", flaky_payload(tmp_path), state=State.RUNNING)
-    lease = jobs.RunLease(live)
+def test_cancelling_a_running_job_sends_a_run_only_when_none_is_live(broker, make_job, tmp_path):
+    live = make_job("flaky", flaky_payload(tmp_path), state=State.RUNNING)
+    lease = runs.RunLease(live)
     assert lease.acquire()
     try:
-        assert cancel_job(live.op_id).cancel_requested_at is not None
+        assert cancel_job(live.id).cancel_requested_at is not None
         assert queued_task_ids(broker) == []  # its run sees the cancel itself
     finally:
         lease.release()
-    lost = make_operation("flaky", flaky_payload(tmp_path), state=State.RUNNING)
-    cancel_job(lost.op_id)
-    assert queued_task_ids(broker) == [str(lost.op_id)]  # a run now, not when the recovery finds it
-    assert jobs.run(str(lost.op_id)) == State.CANCELLED
-    assert [f["state"] for f in finals(broker, lost.op_id)] == ["CANCELLED"]
+    lost = make_job("flaky", flaky_payload(tmp_path), state=State.RUNNING)
+    cancel_job(lost.id)
+    assert queued_task_ids(broker) == [str(lost.id)]  # a run now, not when the recovery finds it
+    assert runs.run(str(lost.id)) == State.CANCELLED
+    assert [f["state"] for f in finals(broker, lost.id)] == ["CANCELLED"]
 
 
 @pytest.mark.django_db(transaction=True)  # on_commit runs
-def test_the_recovery_leaves_a_job_cancelled_meanwhile_to_its_cancel(redis_client, make_operation, tmp_path):
+def test_the_recovery_leaves_a_job_cancelled_meanwhile_to_its_cancel(redis_client, make_job, tmp_path):
     """A stranded PENDING job past its deadline, cancelled as the recovery reads it: one outcome,
     CANCELLED, and its one final event says so."""
-    late = make_operation("flaky", flaky_payload(tmp_path), deadline=timezone.now() - timedelta(seconds=1))
-    read_by_the_recovery = Operation.objects.get(pk=late.pk)
-    cancel_job(late.op_id)
-    assert jobs.time_out(read_by_the_recovery) == "skipped"
-    assert Operation.objects.get(pk=late.pk).state == State.CANCELLED
-    assert [f["state"] for f in finals(redis_client, late.op_id)] == ["CANCELLED"]
+    late = make_job("flaky", flaky_payload(tmp_path), deadline=timezone.now() - timedelta(seconds=1))
+    read_by_the_recovery = Job.objects.get(pk=late.pk)
+    cancel_job(late.id)
+    assert runs.time_out(read_by_the_recovery) == "skipped"
+    assert Job.objects.get(pk=late.pk).state == State.CANCELLED
+    assert [f["state"] for f in finals(redis_client, late.id)] == ["CANCELLED"]
 
 
 def test_start_job_refuses_an_owner_without_a_key_space(db):
@@ -254,89 +251,86 @@ def test_start_job_refuses_an_owner_without_a_key_space(db):
 
 
 @pytest.mark.django_db
-def test_the_cancel_endpoint(api_client, user, other_user, make_operation, django_user_model, broker):
+def test_the_cancel_endpoint(api_client, user, other_user, make_job, django_user_model, broker):
     from rest_framework.test import APIClient
 
-    mine = make_operation("flaky", {"log": "/dev/null", "api": "x"})
-    response = api_client.post(f"/api/jobs/{mine.op_id}/cancel/", HTTP_IDEMPOTENCY_KEY="c-1")
+    mine = make_job("flaky", {"log": "/dev/null", "api": "x"})
+    response = api_client.post(f"/api/jobs/{mine.id}/cancel/", HTTP_IDEMPOTENCY_KEY="c-1")
     assert response.status_code == 202 and response.json()["state"] == "CANCELLED"
-    replay = api_client.post(f"/api/jobs/{mine.op_id}/cancel/", HTTP_IDEMPOTENCY_KEY="c-1")
+    replay = api_client.post(f"/api/jobs/{mine.id}/cancel/", HTTP_IDEMPOTENCY_KEY="c-1")
     assert replay.status_code == 202 and replay["Idempotent-Replayed"] == "true"
-    ended = api_client.post(f"/api/jobs/{mine.op_id}/cancel/")
+    ended = api_client.post(f"/api/jobs/{mine.id}/cancel/")
     assert ended.status_code == 409 and ended.json()["status"] == 409 and "ended" in ended.json()["detail"]
 
-    theirs = Operation.objects.create(
+    theirs = Job.objects.create(
         scope="-:x", idem_key="k", owner=other_user, domain="flaky", event_type="job.requested"
     )
-    assert api_client.post(f"/api/jobs/{theirs.op_id}/cancel/").status_code == 404
+    assert api_client.post(f"/api/jobs/{theirs.id}/cancel/").status_code == 404
     assert api_client.post(f"/api/jobs/{uuid.uuid4()}/cancel/").status_code == 404
     viewer = django_user_model.objects.create_user("viewer")
     from django.contrib.auth.models import Permission
 
-    viewer.user_permissions.add(Permission.objects.get(codename="view_operation"))
+    viewer.user_permissions.add(Permission.objects.get(codename="view_job"))
     client = APIClient()
     client.force_authenticate(viewer)
-    refused = client.post(f"/api/jobs/{theirs.op_id}/cancel/")
+    refused = client.post(f"/api/jobs/{theirs.id}/cancel/")
     assert refused.status_code == 403 and refused["Content-Type"] == "application/problem+json"
-    assert Operation.objects.get(pk=theirs.pk).state == State.PENDING
+    assert Job.objects.get(pk=theirs.pk).state == State.PENDING
 
 
 # Retry a job ---------------------------------------------------------------------------------
 
 
 @pytest.mark.django_db
-def test_a_retry_of_a_retry_keeps_the_first_jobs_keys(redis_client, make_operation, tmp_path, user):
+def test_a_retry_of_a_retry_keeps_the_first_jobs_keys(redis_client, make_job, tmp_path, user):
     payload = flaky_payload(tmp_path)
     outside_api_down(payload["api"], 100)
-    first = make_operation("flaky", payload)
-    assert run_to_end(first.op_id) == State.FAILED
-    second, created = retry_job(first.op_id, key="r1")
-    assert created and second.retry_of_id == first.op_id and second.owner == user
-    assert run_to_end(second.op_id) == State.FAILED
+    first = make_job("flaky", payload)
+    assert run_to_end(first.id) == State.FAILED
+    second, created = retry_job(first.id, key="r1")
+    assert created and second.retry_of_id == first.id and second.owner == user
+    assert run_to_end(second.id) == State.FAILED
     outside_api_down(payload["api"], 0)
-    third, _ = retry_job(second.op_id, key="r2")
-    assert run_to_end(third.op_id) == State.COMPLETED
+    third, _ = retry_job(second.id, key="r2")
+    assert run_to_end(third.id) == State.COMPLETED
 
-    key = f"{first.op_id}:pay"
+    key = f"{first.id}:pay"
     assert set(outside_api_calls(payload["api"])) == {key}
     assert outside_api_charges(payload["api"]) == {key: 1}
     assert lines(payload["log"]).count("prepare") == 1
-    assert [Operation.objects.get(pk=o.pk).state for o in (first, second, third)] == [
+    assert [Job.objects.get(pk=o.pk).state for o in (first, second, third)] == [
         State.FAILED,
         State.FAILED,
         State.COMPLETED,
     ]
     # The same key again: the same job; for another job, a mismatch.
-    assert retry_job(second.op_id, key="r2") == (third, False)
+    assert retry_job(second.id, key="r2") == (third, False)
     with pytest.raises(IdempotencyKeyMismatch):
-        retry_job(first.op_id, key="r2")
+        retry_job(first.id, key="r2")
 
 
 @pytest.mark.django_db
-def test_only_a_job_that_did_not_complete_is_retried(api_client, make_operation, tmp_path):
+def test_only_a_job_that_did_not_complete_is_retried(api_client, make_job, tmp_path):
     for state in (State.PENDING, State.RUNNING, State.COMPLETED):
-        operation = make_operation("flaky", flaky_payload(tmp_path), state=state)
+        job = make_job("flaky", flaky_payload(tmp_path), state=state)
         with pytest.raises(JobNotRetryable):
-            retry_job(operation.op_id, key="r")
-        response = api_client.post(f"/api/jobs/{operation.op_id}/retry/", HTTP_IDEMPOTENCY_KEY=f"r-{state}")
+            retry_job(job.id, key="r")
+        response = api_client.post(f"/api/jobs/{job.id}/retry/", HTTP_IDEMPOTENCY_KEY=f"r-{state}")
         assert response.status_code == 409 and response["Content-Type"] == "application/problem+json"
-    failed = make_operation("flaky", flaky_payload(tmp_path), state=State.FAILED)
-    assert api_client.post(f"/api/jobs/{failed.op_id}/retry/").status_code == 400  # a key is required
-    assert Operation.objects.filter(retry_of=failed).count() == 0
+    failed = make_job("flaky", flaky_payload(tmp_path), state=State.FAILED)
+    assert api_client.post(f"/api/jobs/{failed.id}/retry/").status_code == 400  # a key is required
+    assert Job.objects.filter(retry_of=failed).count() == 0
 
 
 @pytest.mark.django_db(transaction=True)  # on_commit runs
-def test_retry_jobs_retries_each_job_once(broker, make_operation, tmp_path):
+def test_retry_jobs_retries_each_job_once(broker, make_job, tmp_path):
     now = timezone.now()
     failed = [
-        make_operation("flaky", flaky_payload(tmp_path), state=State.FAILED, completed_at=now)
-        for _ in range(2)
+        make_job("flaky", flaky_payload(tmp_path), state=State.FAILED, completed_at=now) for _ in range(2)
     ]
-    make_operation("flaky", flaky_payload(tmp_path), state=State.COMPLETED, completed_at=now)
-    make_operation("scan", state=State.FAILED, completed_at=now)
-    make_operation(
-        "flaky", flaky_payload(tmp_path), state=State.FAILED, completed_at=now - timedelta(hours=3)
-    )
+    make_job("flaky", flaky_payload(tmp_path), state=State.COMPLETED, completed_at=now)
+    make_job("scan", state=State.FAILED, completed_at=now)
+    make_job("flaky", flaky_payload(tmp_path), state=State.FAILED, completed_at=now - timedelta(hours=3))
 
     def command(*args):
         out = io.StringIO()
@@ -344,16 +338,16 @@ def test_retry_jobs_retries_each_job_once(broker, make_operation, tmp_path):
         return out.getvalue()
 
     dry = command("--dry-run")
-    assert all(f"would retry {job.op_id}" in dry for job in failed) and "would retry 2 of 2" in dry
-    assert not Operation.objects.filter(retry_of__isnull=False).exists()
+    assert all(f"would retry {job.id}" in dry for job in failed) and "would retry 2 of 2" in dry
+    assert not Job.objects.filter(retry_of__isnull=False).exists()
     done = command()
     assert "retried 2 of 2" in done
-    new = Operation.objects.filter(retry_of__isnull=False)
-    assert sorted(str(o.retry_of_id) for o in new) == sorted(str(o.op_id) for o in failed)
-    assert {o.idem_key for o in new} == {f"retry:{o.op_id}" for o in failed}
-    assert sorted(queued_task_ids(broker)) == sorted(str(o.op_id) for o in new)
+    new = Job.objects.filter(retry_of__isnull=False)
+    assert sorted(str(o.retry_of_id) for o in new) == sorted(str(o.id) for o in failed)
+    assert {o.idem_key for o in new} == {f"retry:{o.id}" for o in failed}
+    assert sorted(queued_task_ids(broker)) == sorted(str(o.id) for o in new)
     assert "retried 0 of 0" in command()  # each job retried once
-    assert Operation.objects.filter(retry_of__isnull=False).count() == 2
+    assert Job.objects.filter(retry_of__isnull=False).count() == 2
 
 
 # start_job -----------------------------------------------------------------------------------
@@ -368,7 +362,7 @@ def test_start_job_and_the_jobs_api_share_the_owners_keys(broker, api_client, us
     posted = api_client.post(
         "/api/jobs/", {"domain": "flaky", "payload": payload}, format="json", HTTP_IDEMPOTENCY_KEY="order-1"
     )
-    assert posted.status_code == 201 and posted.json()["job_id"] == str(job.op_id)
+    assert posted.status_code == 201 and posted.json()["job_id"] == str(job.id)
     with pytest.raises(IdempotencyKeyMismatch):
         start_job("flaky", {**payload, "wait": 1}, key="order-1", owner=user)
     with pytest.raises(UnknownJobType):
@@ -403,7 +397,7 @@ def test_the_running_cap_of_eventbus_limits_refuses_new_jobs_not_replays(
     assert refused.status_code == 429 and refused["Retry-After"] == "7"
     assert refused["Content-Type"] == "application/problem+json" and refused.json()["status"] == 429
     assert start_job("flaky", payload, key="cap-1", owner=user)[1] is False  # a replay: not capped
-    assert capped == [user, user] and Operation.objects.count() == 1
+    assert capped == [user, user] and Job.objects.count() == 1
 
 
 # Races, with real threads (PostgreSQL in CI) --------------------------------------------------
@@ -415,16 +409,16 @@ THREADS = 50
 def test_50_threads_start_one_key_one_job_one_task(broker, user, tmp_path):
     payload = flaky_payload(tmp_path)
     results = in_threads(THREADS, lambda _: start_job("flaky", payload, key="race", owner=user))
-    assert len({job.op_id for job, _ in results}) == 1
+    assert len({job.id for job, _ in results}) == 1
     assert sum(created for _, created in results) == 1
-    assert Operation.objects.count() == 1
-    assert queued_task_ids(broker) == [str(results[0][0].op_id)]
+    assert Job.objects.count() == 1
+    assert queued_task_ids(broker) == [str(results[0][0].id)]
 
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("started", [False, True], ids=["racing-the-start", "racing-the-end"])
 def test_cancels_racing_a_run_end_in_one_state_with_one_final_event(
-    redis_client, make_operation, tmp_path, started
+    redis_client, make_job, tmp_path, started
 ):
     """A short job runs in one thread while others cancel it until it has ended (from its start,
     or from the moment its last stage runs): it ends once, COMPLETED or CANCELLED, and its one
@@ -433,8 +427,8 @@ def test_cancels_racing_a_run_end_in_one_state_with_one_final_event(
     for _ in range(5):
         payload = flaky_payload(tmp_path)
         outside_api_down(payload["api"], 0)
-        operation = make_operation("flaky", payload, state=State.RUNNING if started else State.PENDING)
-        job_id = str(operation.op_id)
+        job = make_job("flaky", payload, state=State.RUNNING if started else State.PENDING)
+        job_id = str(job.id)
 
         def work(i, job_id=job_id, payload=payload):
             if i == 0:
@@ -449,7 +443,7 @@ def test_cancels_racing_a_run_end_in_one_state_with_one_final_event(
             return "cancelling"
 
         results = in_threads(12, work)
-        state = Operation.objects.get(pk=job_id).state
+        state = Job.objects.get(pk=job_id).state
         assert state in (State.COMPLETED, State.CANCELLED), results
         assert results[0] in (state, "skipped"), results
         final = finals(redis_client, job_id)

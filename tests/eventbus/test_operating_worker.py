@@ -12,9 +12,8 @@ import uuid
 import pytest
 
 from eventbus.keys import JobKeys
-from eventbus.models import StageRecord
+from eventbus.models import Job, StageRecord
 from eventbus.testing import events_of
-from idempotency.models import Operation
 from tests.processes import wait_for
 
 from . import test_tasks_worker
@@ -25,7 +24,7 @@ from .test_tasks_worker import post_job, wait_for_state
 start_worker = test_tasks_worker.start_worker  # the fixture: workers on the test Redis
 
 pytestmark = pytest.mark.django_db(transaction=True)
-State = Operation.State
+State = Job.State
 
 
 def flaky_payload(tmp_path, **extra):
@@ -33,7 +32,7 @@ def flaky_payload(tmp_path, **extra):
 
 
 def attempts(job_id) -> dict[str, int]:
-    return dict(StageRecord.objects.filter(operation_id=job_id).values_list("stage", "attempts"))
+    return dict(StageRecord.objects.filter(job_id=job_id).values_list("stage", "attempts"))
 
 
 def final_events(client, job_id) -> list[dict]:
@@ -79,7 +78,7 @@ def test_a_flaky_outside_api_is_retried_with_the_same_key_until_it_answers(
     expected = events_of(FlakyJob, payload, fail={"pay": [ConnectionError, ConnectionError]})
     assert events == [(stage, seq) for stage, seq, _data in expected]
     assert [e["state"] for e in final_events(broker, job_id)] == ["COMPLETED"]
-    record = StageRecord.objects.get(operation_id=job_id, stage="pay")
+    record = StageRecord.objects.get(job_id=job_id, stage="pay")
     assert (record.state, record.error_type, record.next_attempt_at) == ("COMPLETED", None, None)
     assert worker.received(job_id) == 3  # the first delivery and one countdown per retry
 
@@ -99,7 +98,7 @@ def test_a_stage_failing_past_its_retries_fails_the_job_with_the_last_error(
     assert api_client.get(f"/api/jobs/{job_id}/").json()["error"] == error
     [final] = final_events(broker, job_id)
     assert (final["state"], final["error"]) == ("FAILED", error)
-    record = StageRecord.objects.get(operation_id=job_id, stage="pay")
+    record = StageRecord.objects.get(job_id=job_id, stage="pay")
     assert (record.state, record.next_attempt_at) == ("FAILED", None)
     assert_one_ordered_stream(broker, job_id)
 
@@ -130,14 +129,14 @@ def test_a_long_stage_cancelled_midway_stops_at_its_next_report_and_no_later_sta
     wait_for_state(job_id, State.CANCELLED, [worker.log])
 
     assert "finish" not in lines(payload["log"])
-    stopped = StageRecord.objects.get(operation_id=job_id, stage="wait")
+    stopped = StageRecord.objects.get(job_id=job_id, stage="wait")
     assert (stopped.state, stopped.error_type) == ("FAILED", "JobCancelled")
-    assert not StageRecord.objects.filter(operation_id=job_id, stage="finish").exists()
+    assert not StageRecord.objects.filter(job_id=job_id, stage="finish").exists()
     events = assert_one_ordered_stream(broker, job_id)
     assert len([e for e in events if e[0] == "wait"]) < 40  # stopped midway
     assert [e["state"] for e in final_events(broker, job_id)] == ["CANCELLED"]
-    operation = Operation.objects.get(pk=job_id)
-    assert operation.cancel_requested_at is not None and operation.completed_at is not None
+    job = Job.objects.get(pk=job_id)
+    assert job.cancel_requested_at is not None and job.completed_at is not None
     again = api_client.post(f"/api/jobs/{job_id}/cancel/")
     assert again.status_code == 409 and again["Content-Type"] == "application/problem+json"
 
@@ -169,8 +168,8 @@ def test_a_failed_job_retried_after_the_api_recovered_reuses_its_finished_stage_
     assert lines(payload["log"])[-2:] == [f"pay attempt 1 key {key}", "finish"]
     assert set(outside_api_calls(payload["api"])) == {key}
     assert outside_api_charges(payload["api"]) == {key: 1}
-    assert Operation.objects.get(pk=old_id).state == State.FAILED
-    assert Operation.objects.get(pk=new_id).retry_of_id == uuid.UUID(old_id)
+    assert Job.objects.get(pk=old_id).state == State.FAILED
+    assert Job.objects.get(pk=new_id).retry_of_id == uuid.UUID(old_id)
     assert attempts(new_id) == {"prepare": 1, "pay": 1, "wait": 1, "finish": 1}
     # Each job keeps its own stream, ordered, with one final event.
     assert job_events(broker, "flaky", old_id) == old_stream
@@ -191,7 +190,7 @@ def test_a_waiting_retry_holds_no_worker_other_jobs_run_meanwhile(start_worker, 
     patient_id = post_job(api_client, "flaky_patient", payload, key="patient").json()["job_id"]
     wait_for(
         lambda: StageRecord.objects.filter(
-            operation_id=patient_id, stage="pay", next_attempt_at__isnull=False
+            job_id=patient_id, stage="pay", next_attempt_at__isnull=False
         ).exists(),
         timeout=30,
         message="the first attempt failed, its retry waiting",
@@ -200,7 +199,7 @@ def test_a_waiting_retry_holds_no_worker_other_jobs_run_meanwhile(start_worker, 
     scan_id = post_job(api_client, "scan", key="meanwhile").json()["job_id"]
     wait_for_state(scan_id, State.COMPLETED, [worker.log])
     took = time.monotonic() - posted
-    pay = StageRecord.objects.get(operation_id=patient_id, stage="pay")
+    pay = StageRecord.objects.get(job_id=patient_id, stage="pay")
     assert (pay.state, pay.attempts) == ("RETRYING", 1), f"the scan took {took:.2f}s"
     print(f"a scan job completed {took:.2f}s after its POST while a retry waited")
     wait_for_state(patient_id, State.COMPLETED, [worker.log])

@@ -8,14 +8,13 @@ import pytest
 from django.utils import timezone
 
 from eventbus import recovery
-from eventbus.jobs import RunLease
-from eventbus.models import StageRecord
-from idempotency.models import Operation
+from eventbus.models import Job, StageRecord
+from eventbus.runs import RunLease
 
 from .helpers import job_events, queued_task_ids
 
 pytestmark = pytest.mark.django_db
-State = Operation.State
+State = Job.State
 
 
 @pytest.fixture
@@ -24,47 +23,45 @@ def quiet(settings):
     return timezone.now() - timedelta(seconds=120)  # longer ago than RECOVER_AFTER
 
 
-def test_a_running_job_with_no_lease_and_no_sign_of_life_is_enqueued_again(broker, make_operation, quiet):
-    lost = make_operation(state=State.RUNNING, enqueued_at=quiet)
-    StageRecord.objects.create(operation=lost, stage="vision", started_at=quiet, finished_at=quiet)
+def test_a_running_job_with_no_lease_and_no_sign_of_life_is_enqueued_again(broker, make_job, quiet):
+    lost = make_job(state=State.RUNNING, enqueued_at=quiet)
+    StageRecord.objects.create(job=lost, stage="vision", started_at=quiet, finished_at=quiet)
     assert recovery.recover_stranded() == 1
-    assert queued_task_ids(broker) == [str(lost.op_id)]
+    assert queued_task_ids(broker) == [str(lost.id)]
     lost.refresh_from_db()
     assert lost.enqueued_at > quiet  # the new message is its sign of life: not sent again at once
     assert recovery.recover_stranded() == 0
 
 
-def test_jobs_with_a_sign_of_life_are_left_alone(broker, make_operation, quiet):
-    recent_stage = make_operation(state=State.RUNNING, enqueued_at=quiet)
-    StageRecord.objects.create(operation=recent_stage, stage="vision", started_at=timezone.now())
-    make_operation(enqueued_at=timezone.now())  # recently enqueued
-    leased = make_operation(state=State.RUNNING, enqueued_at=quiet)
+def test_jobs_with_a_sign_of_life_are_left_alone(broker, make_job, quiet):
+    recent_stage = make_job(state=State.RUNNING, enqueued_at=quiet)
+    StageRecord.objects.create(job=recent_stage, stage="vision", started_at=timezone.now())
+    make_job(enqueued_at=timezone.now())  # recently enqueued
+    leased = make_job(state=State.RUNNING, enqueued_at=quiet)
     lease = RunLease(leased)
     assert lease.acquire()
-    never_enqueued = make_operation()  # the sweep's other half sends these
-    finished = make_operation(state=State.COMPLETED, enqueued_at=quiet)
+    never_enqueued = make_job()  # the sweep's other half sends these
+    finished = make_job(state=State.COMPLETED, enqueued_at=quiet)
     try:
         assert recovery.recover_stranded() == 0
     finally:
         lease.release()
     assert queued_task_ids(broker) == []
-    assert Operation.objects.get(pk=finished.pk).state == State.COMPLETED
-    assert Operation.objects.get(pk=never_enqueued.pk).enqueued_at is None
+    assert Job.objects.get(pk=finished.pk).state == State.COMPLETED
+    assert Job.objects.get(pk=never_enqueued.pk).enqueued_at is None
 
 
-def test_a_stranded_job_past_its_deadline_times_out_with_its_final_event(broker, make_operation, quiet):
-    late = make_operation(
-        state=State.RUNNING, enqueued_at=quiet, deadline=timezone.now() - timedelta(seconds=1)
-    )
+def test_a_stranded_job_past_its_deadline_times_out_with_its_final_event(broker, make_job, quiet):
+    late = make_job(state=State.RUNNING, enqueued_at=quiet, deadline=timezone.now() - timedelta(seconds=1))
     assert recovery.recover_stranded() == 1
-    assert Operation.objects.get(pk=late.pk).state == State.TIMED_OUT
-    assert job_events(broker, "scan", late.op_id) == [("done", 51)]
+    assert Job.objects.get(pk=late.pk).state == State.TIMED_OUT
+    assert job_events(broker, "scan", late.id) == [("done", 51)]
     assert queued_task_ids(broker) == []
 
 
-def test_the_sweep_command_recovers_lost_runs(broker, make_operation, quiet):
+def test_the_sweep_command_recovers_lost_runs(broker, make_job, quiet):
     from django.core.management import call_command
 
-    lost = make_operation(state=State.RUNNING, enqueued_at=quiet)
-    call_command("sweep_operations", burst=True, older_than=0)
-    assert queued_task_ids(broker) == [str(lost.op_id)]
+    lost = make_job(state=State.RUNNING, enqueued_at=quiet)
+    call_command("sweep_jobs", burst=True, older_than=0)
+    assert queued_task_ids(broker) == [str(lost.id)]

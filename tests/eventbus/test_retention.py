@@ -9,16 +9,14 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from eventbus.lifecycle import FINAL_STATES
-from eventbus.models import StageRecord
+from eventbus.models import Job, StageRecord
 from eventbus.retention import delete_ended_jobs
-from idempotency.models import Operation
 
 DAY = timedelta(days=1)
 
 
-def job(state, *, ended_days_ago: float | None, stages: int = 2) -> Operation:
-    operation = Operation.objects.create(
+def job(state, *, ended_days_ago: float | None, stages: int = 2) -> Job:
+    job = Job.objects.create(
         scope="user:1",
         idem_key=uuid.uuid4().hex,
         domain="scan",
@@ -28,8 +26,8 @@ def job(state, *, ended_days_ago: float | None, stages: int = 2) -> Operation:
         completed_at=None if ended_days_ago is None else timezone.now() - ended_days_ago * DAY,
     )
     for index in range(stages):
-        StageRecord.objects.create(operation=operation, stage=f"stage-{index}", attempts=1)
-    return operation
+        StageRecord.objects.create(job=job, stage=f"stage-{index}", attempts=1)
+    return job
 
 
 def cleanup(*args: str) -> str:
@@ -40,13 +38,13 @@ def cleanup(*args: str) -> str:
 
 @pytest.fixture
 def jobs(db):
-    old = [job(state, ended_days_ago=31) for state in FINAL_STATES]
+    old = [job(state, ended_days_ago=31) for state in Job.FINAL_STATES]
     kept = [
-        job(Operation.State.COMPLETED, ended_days_ago=29),  # ended within the 30 days
-        job(Operation.State.FAILED, ended_days_ago=None),  # no end time: its age is unknown
+        job(Job.State.COMPLETED, ended_days_ago=29),  # ended within the 30 days
+        job(Job.State.FAILED, ended_days_ago=None),  # no end time: its age is unknown
         # Not ended, whatever completed_at says (a row written by hand, a bug elsewhere).
-        job(Operation.State.PENDING, ended_days_ago=60),
-        job(Operation.State.RUNNING, ended_days_ago=60),
+        job(Job.State.PENDING, ended_days_ago=60),
+        job(Job.State.RUNNING, ended_days_ago=60),
     ]
     return old, kept
 
@@ -55,8 +53,8 @@ def test_cleanup_jobs_deletes_ended_jobs_past_the_setting_with_their_stage_recor
     old, kept = jobs
     out = cleanup()
     assert f"Deleted {len(old)} ended job(s) and {2 * len(old)} stage record(s)" in out
-    assert set(Operation.objects.values_list("pk", flat=True)) == {j.pk for j in kept}
-    assert set(StageRecord.objects.values_list("operation_id", flat=True)) == {j.pk for j in kept}
+    assert set(Job.objects.values_list("pk", flat=True)) == {j.pk for j in kept}
+    assert set(StageRecord.objects.values_list("job_id", flat=True)) == {j.pk for j in kept}
     assert "Deleted 0 ended job(s)" in cleanup()  # nothing left to delete
 
 
@@ -64,7 +62,7 @@ def test_dry_run_counts_and_deletes_nothing(jobs):
     old, kept = jobs
     out = cleanup("--dry-run")
     assert f"Would delete {len(old)} ended job(s) and {2 * len(old)} stage record(s)" in out
-    assert Operation.objects.count() == len(old) + len(kept)
+    assert Job.objects.count() == len(old) + len(kept)
     assert StageRecord.objects.count() == 2 * (len(old) + len(kept))
 
 
@@ -72,8 +70,8 @@ def test_the_setting_sets_the_age(jobs, settings):
     old, kept = jobs
     settings.EVENTBUS = {**settings.EVENTBUS, "KEEP_ENDED_JOBS": 7 * 24 * 3600}
     assert f"Deleted {len(old) + 1} ended job(s)" in cleanup()  # the one of 29 days too
-    states = set(Operation.objects.values_list("state", flat=True))
-    assert states == {Operation.State.FAILED, Operation.State.PENDING, Operation.State.RUNNING}
+    states = set(Job.objects.values_list("state", flat=True))
+    assert states == {Job.State.FAILED, Job.State.PENDING, Job.State.RUNNING}
 
     settings.EVENTBUS = {**settings.EVENTBUS, "KEEP_ENDED_JOBS": 3600}  # under IDEMPOTENCY["TTL"]
     err = StringIO()
@@ -88,8 +86,8 @@ def test_the_setting_sets_the_age(jobs, settings):
 
 
 def test_jobs_are_deleted_in_batches(db):
-    old = [job(Operation.State.COMPLETED, ended_days_ago=40, stages=1) for _ in range(5)]
-    running = job(Operation.State.RUNNING, ended_days_ago=None)
+    old = [job(Job.State.COMPLETED, ended_days_ago=40, stages=1) for _ in range(5)]
+    running = job(Job.State.RUNNING, ended_days_ago=None)
     deleted = delete_ended_jobs(older_than=30 * DAY, batch_size=2)
     assert (deleted.jobs, deleted.stage_records) == (len(old), len(old))
-    assert list(Operation.objects.values_list("pk", flat=True)) == [running.pk]
+    assert list(Job.objects.values_list("pk", flat=True)) == [running.pk]

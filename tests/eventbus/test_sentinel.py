@@ -13,6 +13,7 @@ from redis.sentinel import SentinelConnectionPool
 
 from eventbus import publish_event
 from eventbus.keys import JobKeys
+from eventbus.models import Job
 from eventbus.redis import get_redis, wait_replicas
 from eventbus.router import Router
 from eventbus.scripts import NotReplicated
@@ -23,7 +24,6 @@ from eventbus.sentinel import (
     django_redis_cache,
     parse_sentinel_url,
 )
-from idempotency.models import Operation
 from tests.processes import Worker, run_command, wait_for
 
 from .helpers import expected_events, job_events
@@ -126,17 +126,17 @@ def test_no_wait_on_a_plain_redis_unless_asked(redis_client, settings):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_worker_on_one_sentinel_url_runs_a_job_broker_cache_and_bus(sentinel_bus, make_operation):
-    operation = make_operation("scan")
+def test_a_worker_on_one_sentinel_url_runs_a_job_broker_cache_and_bus(sentinel_bus, make_job):
+    job = make_job("scan")
     # One URL for the three, as a project sets them (Celery reads CELERY_BROKER_URL from the
     # environment before its settings: it must still get kombu's form).
     urls = dict(REDIS_URL=sentinel_bus.url, CELERY_BROKER_URL=sentinel_bus.url, CACHE_URL=sentinel_bus.url)
     worker = Worker("sentinel-worker", **urls).start()
     try:
-        code, log = run_command("sweep_operations", "--burst", "--older-than", "0", **urls)
+        code, log = run_command("sweep_jobs", "--burst", "--older-than", "0", **urls)
         assert code == 0, log
         wait_for(
-            lambda: Operation.objects.get(pk=operation.pk).state == Operation.State.COMPLETED,
+            lambda: Job.objects.get(pk=job.pk).state == Job.State.COMPLETED,
             timeout=40,
             message=f"the job to complete:\n{worker.log()[-3000:]}",
         )
@@ -144,5 +144,5 @@ def test_a_worker_on_one_sentinel_url_runs_a_job_broker_cache_and_bus(sentinel_b
         worker.stop()
         worker.log_path.unlink(missing_ok=True)
     with redis.Redis(port=sentinel_bus.master_port()) as master:
-        assert job_events(master, "scan", operation.op_id) == expected_events("scan")
+        assert job_events(master, "scan", job.id) == expected_events("scan")
         assert master.llen("celery") == 0  # its broker was there too

@@ -1,4 +1,4 @@
-"""Jobs in process: jobs.run (lease, state, republish), enqueue and the sweep.
+"""Jobs in process: runs.run (lease, state, republish), enqueue and the sweep.
 
 Real Redis and a real database; stages take no time (EVENTBUS STAGE_SECONDS is 0 in tests).
 The real Celery worker runs in test_tasks_worker.py.
@@ -19,17 +19,17 @@ from django.db import connection
 from django.utils import timezone
 
 from config.jobs import ScanJob
-from eventbus import jobs, stages, tasks
+from eventbus import runs, stages, tasks
 from eventbus.keys import JobKeys
+from eventbus.models import Job
 from eventbus.publish import publish_event
 from eventbus.sweep import Sweeper, enqueue_pending
-from idempotency.models import Operation
 from tests.postgres import kill_own_backend
 from tests.processes import BASE_DIR, process_env, wait_for
 
 from .helpers import broker_down, expected_events, job_events, queued_task_ids
 
-State = Operation.State
+State = Job.State
 FINAL_SEQ = 51
 
 
@@ -44,64 +44,64 @@ def final_data(client, domain: str, job_id) -> dict:
     raise AssertionError(f"no final event for job {job_id}")
 
 
-# jobs.run ------------------------------------------------------------------------------------
+# runs.run ------------------------------------------------------------------------------------
 
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("domain,payload", [("scan", {}), ("chat", {"prompt": "tell me"})])
-def test_run_publishes_every_event_once_and_completes(redis_client, make_operation, domain, payload):
-    operation = make_operation(domain, payload)
-    assert jobs.run(str(operation.op_id)) == State.COMPLETED
-    operation.refresh_from_db()
-    assert operation.state == State.COMPLETED and operation.completed_at is not None
-    assert job_events(redis_client, domain, operation.op_id) == expected_events(domain, payload)
-    assert final_data(redis_client, domain, operation.op_id)["state"] == "COMPLETED"
+def test_run_publishes_every_event_once_and_completes(redis_client, make_job, domain, payload):
+    job = make_job(domain, payload)
+    assert runs.run(str(job.id)) == State.COMPLETED
+    job.refresh_from_db()
+    assert job.state == State.COMPLETED and job.completed_at is not None
+    assert job_events(redis_client, domain, job.id) == expected_events(domain, payload)
+    assert final_data(redis_client, domain, job.id)["state"] == "COMPLETED"
 
 
 @pytest.mark.django_db
-def test_a_finished_job_is_not_run_again(redis_client, make_operation):
-    operation = make_operation()
-    jobs.run(str(operation.op_id))
-    completed_at = Operation.objects.get(pk=operation.pk).completed_at
-    assert jobs.run(str(operation.op_id)) == "skipped"
-    assert Operation.objects.get(pk=operation.pk).completed_at == completed_at
-    assert job_events(redis_client, "scan", operation.op_id) == expected_events("scan")
+def test_a_finished_job_is_not_run_again(redis_client, make_job):
+    job = make_job()
+    runs.run(str(job.id))
+    completed_at = Job.objects.get(pk=job.pk).completed_at
+    assert runs.run(str(job.id)) == "skipped"
+    assert Job.objects.get(pk=job.pk).completed_at == completed_at
+    assert job_events(redis_client, "scan", job.id) == expected_events("scan")
 
 
 @pytest.mark.django_db
-def test_a_run_after_a_crash_republishes_from_the_start_without_copies(redis_client, make_operation):
+def test_a_run_after_a_crash_republishes_from_the_start_without_copies(redis_client, make_job):
     # The first run published two events and died with the job RUNNING.
-    operation = make_operation(state=State.RUNNING)
-    job_id = str(operation.op_id)
+    job = make_job(state=State.RUNNING)
+    job_id = str(job.id)
     for stage, seq in expected_events("scan")[:2]:
         assert publish_event("scan", job_id, stage, seq, {"first": "run"})
-    assert jobs.run(job_id) == State.COMPLETED
+    assert runs.run(job_id) == State.COMPLETED
     assert job_events(redis_client, "scan", job_id) == expected_events("scan")
-    assert Operation.objects.get(pk=job_id).state == State.COMPLETED
+    assert Job.objects.get(pk=job_id).state == State.COMPLETED
 
 
 @pytest.mark.django_db
-def test_a_second_run_waits_for_the_lease(redis_client, make_operation):
-    operation = make_operation()
-    holder = jobs.RunLease(operation)
+def test_a_second_run_waits_for_the_lease(redis_client, make_job):
+    job = make_job()
+    holder = runs.RunLease(job)
     assert holder.acquire()
-    with pytest.raises(jobs.JobBusy) as busy:
-        jobs.run(str(operation.op_id))
+    with pytest.raises(runs.JobBusy) as busy:
+        runs.run(str(job.id))
     assert 0 < busy.value.retry_in <= holder.seconds + 0.2
-    assert Operation.objects.get(pk=operation.pk).state == State.PENDING
-    assert job_events(redis_client, "scan", operation.op_id) == []
+    assert Job.objects.get(pk=job.pk).state == State.PENDING
+    assert job_events(redis_client, "scan", job.id) == []
     holder.release()
-    assert jobs.run(str(operation.op_id)) == State.COMPLETED
+    assert runs.run(str(job.id)) == State.COMPLETED
 
 
 @pytest.mark.django_db
-def test_a_lease_taken_over_is_neither_renewed_nor_released(redis_client, make_operation):
-    operation = make_operation()
-    first, second = jobs.RunLease(operation), jobs.RunLease(operation)
+def test_a_lease_taken_over_is_neither_renewed_nor_released(redis_client, make_job):
+    job = make_job()
+    first, second = runs.RunLease(job), runs.RunLease(job)
     assert first.acquire() and not second.acquire()
     redis_client.delete(first.key)  # expired
     assert second.acquire()
-    with pytest.raises(jobs.RunLeaseLost):
+    with pytest.raises(runs.RunLeaseLost):
         first.renew()
     first.release()
     assert redis_client.exists(second.key)
@@ -111,65 +111,65 @@ def test_a_lease_taken_over_is_neither_renewed_nor_released(redis_client, make_o
 
 
 @pytest.mark.django_db
-def test_a_run_whose_lease_is_taken_over_stops(redis_client, make_operation, monkeypatch):
-    operation = make_operation()
+def test_a_run_whose_lease_is_taken_over_stops(redis_client, make_job, monkeypatch):
+    job = make_job()
 
     def renew(lease):
-        raise jobs.RunLeaseLost("taken over")
+        raise runs.RunLeaseLost("taken over")
 
-    monkeypatch.setattr(jobs.RunLease, "renew", renew)
-    assert jobs.run(str(operation.op_id)) == "lease_lost"
-    assert Operation.objects.get(pk=operation.pk).state == State.RUNNING  # the new holder finishes it
-    assert job_events(redis_client, "scan", operation.op_id) == expected_events("scan")[:1]
+    monkeypatch.setattr(runs.RunLease, "renew", renew)
+    assert runs.run(str(job.id)) == "lease_lost"
+    assert Job.objects.get(pk=job.pk).state == State.RUNNING  # the new holder finishes it
+    assert job_events(redis_client, "scan", job.id) == expected_events("scan")[:1]
 
 
 @pytest.mark.django_db
 def test_an_exception_fails_the_job_with_a_log_line_and_a_final_event(
-    redis_client, make_operation, monkeypatch, caplog
+    redis_client, make_job, monkeypatch, caplog
 ):
-    operation = make_operation()
+    job = make_job()
 
     def broken(self, ctx):
         raise RuntimeError("the rules engine exploded")
 
     monkeypatch.setattr(ScanJob, "answer", broken)
-    assert jobs.run(str(operation.op_id)) == State.FAILED
-    operation.refresh_from_db()
-    assert operation.state == State.FAILED and operation.completed_at is not None
-    assert f"Job {operation.op_id} failed: RuntimeError: the rules engine exploded" in caplog.text
-    assert job_events(redis_client, "scan", operation.op_id) == [
+    assert runs.run(str(job.id)) == State.FAILED
+    job.refresh_from_db()
+    assert job.state == State.FAILED and job.completed_at is not None
+    assert f"Job {job.id} failed: RuntimeError: the rules engine exploded" in caplog.text
+    assert job_events(redis_client, "scan", job.id) == [
         ("vision", 10),
         ("rule", 20),
         ("done", FINAL_SEQ),
     ]
-    assert final_data(redis_client, "scan", operation.op_id) == {
+    assert final_data(redis_client, "scan", job.id) == {
         "label": "Done",
         "progress": 100,
         "state": "FAILED",
         "final": True,
         "error": {"stage": "answer", "type": "RuntimeError", "message": "the rules engine exploded"},
     }
-    assert jobs.run(str(operation.op_id)) == "skipped"
+    assert runs.run(str(job.id)) == "skipped"
 
 
 @pytest.mark.django_db
 def test_a_stage_that_raises_tells_its_owner_the_stage_and_the_message_and_staff_the_traceback(
-    redis_client, make_operation, tmp_path, api_client
+    redis_client, make_job, tmp_path, api_client
 ):
     from eventbus.models import StageRecord
 
-    operation = make_operation("staged", {"log": str(tmp_path / "log"), "raise": "card declined"})
-    assert jobs.run(str(operation.op_id)) == State.FAILED
+    job = make_job("staged", {"log": str(tmp_path / "log"), "raise": "card declined"})
+    assert runs.run(str(job.id)) == State.FAILED
     error = {"stage": "second", "type": "ValueError", "message": "card declined"}
     final = [
         json.loads(f[b"data"])
-        for _, f in redis_client.xrange(JobKeys("staged", str(operation.op_id)).stream)
-        if f[b"job_id"].decode() == str(operation.op_id) and f[b"stage"] == b"done"
+        for _, f in redis_client.xrange(JobKeys("staged", str(job.id)).stream)
+        if f[b"job_id"].decode() == str(job.id) and f[b"stage"] == b"done"
     ]
     assert [data["error"] for data in final] == [error]
-    detail = api_client.get(f"/api/jobs/{operation.op_id}/").json()
+    detail = api_client.get(f"/api/jobs/{job.id}/").json()
     assert detail["state"] == "FAILED" and detail["error"] == error
-    record = StageRecord.objects.get(operation=operation, stage="second")
+    record = StageRecord.objects.get(job=job, stage="second")
     assert (record.error_type, record.error_message, record.finished_at) == (
         "ValueError",
         "card declined",
@@ -178,96 +178,94 @@ def test_a_stage_that_raises_tells_its_owner_the_stage_and_the_message_and_staff
     assert 'raise ValueError(ctx.payload["raise"])' in record.error_traceback
     assert record.error_traceback.rstrip().endswith("ValueError: card declined")
     redis_client.flushdb()  # the final event gone from Redis: the detail still says why
-    assert api_client.get(f"/api/jobs/{operation.op_id}/").json()["error"] == error
+    assert api_client.get(f"/api/jobs/{job.id}/").json()["error"] == error
 
 
 @pytest.mark.django_db
-def test_a_failures_message_is_bounded(redis_client, make_operation, tmp_path, api_client):
-    operation = make_operation("staged", {"log": str(tmp_path / "log"), "raise": "x" * 5_000})
-    assert jobs.run(str(operation.op_id)) == State.FAILED
-    message = api_client.get(f"/api/jobs/{operation.op_id}/").json()["error"]["message"]
+def test_a_failures_message_is_bounded(redis_client, make_job, tmp_path, api_client):
+    job = make_job("staged", {"log": str(tmp_path / "log"), "raise": "x" * 5_000})
+    assert runs.run(str(job.id)) == State.FAILED
+    message = api_client.get(f"/api/jobs/{job.id}/").json()["error"]["message"]
     assert len(message) == stages.MAX_ERROR_MESSAGE and message.endswith("…")
 
 
 @pytest.mark.django_db
-def test_a_failure_an_attempt_later_finishes_is_forgotten(
-    redis_client, make_operation, tmp_path, monkeypatch
-):
+def test_a_failure_an_attempt_later_finishes_is_forgotten(redis_client, make_job, tmp_path, monkeypatch):
     """A stage that raised a Redis error (retried) and then finished keeps no error."""
     from eventbus.models import StageRecord
 
     from .jobtypes import StagedJob
 
-    operation = make_operation("staged", {"log": str(tmp_path / "log")})
+    job = make_job("staged", {"log": str(tmp_path / "log")})
     monkeypatch.setattr(
         StagedJob, "third", lambda self, ctx: (_ for _ in ()).throw(redis.TimeoutError("away"))
     )
     with pytest.raises(redis.TimeoutError):
-        jobs.run(str(operation.op_id), fail_on_transient=False)
-    assert StageRecord.objects.get(operation=operation, stage="third").error_type == "TimeoutError"
+        runs.run(str(job.id), fail_on_transient=False)
+    assert StageRecord.objects.get(job=job, stage="third").error_type == "TimeoutError"
     monkeypatch.undo()
-    assert jobs.run(str(operation.op_id)) == State.COMPLETED
-    record = StageRecord.objects.get(operation=operation, stage="third")
+    assert runs.run(str(job.id)) == State.COMPLETED
+    record = StageRecord.objects.get(job=job, stage="third")
     assert (record.error_type, record.error_message, record.error_traceback, record.failed_at) == (None,) * 4
 
 
 @pytest.mark.django_db
-def test_an_unknown_domain_fails_the_job(redis_client, make_operation):
-    operation = make_operation(domain="nope")
-    assert jobs.run(str(operation.op_id)) == State.FAILED
-    assert Operation.objects.get(pk=operation.pk).state == State.FAILED
+def test_an_unknown_domain_fails_the_job(redis_client, make_job):
+    job = make_job(domain="nope")
+    assert runs.run(str(job.id)) == State.FAILED
+    assert Job.objects.get(pk=job.pk).state == State.FAILED
 
 
 @pytest.mark.django_db
-def test_redis_going_away_is_retried_until_the_last_attempt(redis_client, make_operation, monkeypatch):
-    operation = make_operation()
+def test_redis_going_away_is_retried_until_the_last_attempt(redis_client, make_job, monkeypatch):
+    job = make_job()
 
     def unreachable(*args):
         raise redis.ConnectionError("Connection refused")
 
     monkeypatch.setattr(stages, "publish_event", unreachable)
     with pytest.raises(redis.ConnectionError):
-        jobs.run(str(operation.op_id), fail_on_transient=False)
-    assert Operation.objects.get(pk=operation.pk).state == State.RUNNING
-    assert not redis_client.exists(jobs.RunLease(operation).key)  # released for the retry
-    assert jobs.run(str(operation.op_id), fail_on_transient=True) == State.FAILED
-    assert Operation.objects.get(pk=operation.pk).state == State.FAILED
+        runs.run(str(job.id), fail_on_transient=False)
+    assert Job.objects.get(pk=job.pk).state == State.RUNNING
+    assert not redis_client.exists(runs.RunLease(job).key)  # released for the retry
+    assert runs.run(str(job.id), fail_on_transient=True) == State.FAILED
+    assert Job.objects.get(pk=job.pk).state == State.FAILED
 
 
 @pytest.mark.django_db
-def test_a_job_past_its_deadline_times_out(redis_client, make_operation):
-    operation = make_operation(deadline=timezone.now() - timedelta(seconds=1))
-    assert jobs.run(str(operation.op_id)) == State.TIMED_OUT
-    assert Operation.objects.get(pk=operation.pk).state == State.TIMED_OUT
-    assert job_events(redis_client, "scan", operation.op_id) == [("done", FINAL_SEQ)]
-    assert final_data(redis_client, "scan", operation.op_id)["state"] == "TIMED_OUT"
+def test_a_job_past_its_deadline_times_out(redis_client, make_job):
+    job = make_job(deadline=timezone.now() - timedelta(seconds=1))
+    assert runs.run(str(job.id)) == State.TIMED_OUT
+    assert Job.objects.get(pk=job.pk).state == State.TIMED_OUT
+    assert job_events(redis_client, "scan", job.id) == [("done", FINAL_SEQ)]
+    assert final_data(redis_client, "scan", job.id)["state"] == "TIMED_OUT"
 
 
 @pytest.mark.django_db
-def test_a_missing_operation_is_not_run(redis_client):
-    assert jobs.run("00000000-0000-0000-0000-000000000000") == "missing"
+def test_a_missing_job_is_not_run(redis_client):
+    assert runs.run("00000000-0000-0000-0000-000000000000") == "missing"
 
 
 # enqueue and the sweep -----------------------------------------------------------------------
 
 
 @pytest.mark.django_db
-def test_enqueue_sends_one_task_named_after_the_job(broker, make_operation):
-    operation = make_operation()
-    assert tasks.enqueue(operation)
-    assert queued_task_ids(broker) == [str(operation.op_id)]
-    assert Operation.objects.get(pk=operation.pk).enqueued_at is not None
+def test_enqueue_sends_one_task_named_after_the_job(broker, make_job):
+    job = make_job()
+    assert tasks.enqueue(job)
+    assert queued_task_ids(broker) == [str(job.id)]
+    assert Job.objects.get(pk=job.pk).enqueued_at is not None
 
 
 @pytest.mark.django_db
-def test_enqueue_with_the_broker_down_gives_up_fast_and_never_raises(broker, make_operation, caplog):
-    operation = make_operation()
+def test_enqueue_with_the_broker_down_gives_up_fast_and_never_raises(broker, make_job, caplog):
+    job = make_job()
     with broker_down():
         started = time.monotonic()
-        assert tasks.enqueue(operation) is False
+        assert tasks.enqueue(job) is False
         assert time.monotonic() - started < 3  # connection refused: no retry loop
-    assert Operation.objects.get(pk=operation.pk).enqueued_at is None
-    assert f"Job {operation.op_id} not enqueued" in caplog.text
+    assert Job.objects.get(pk=job.pk).enqueued_at is None
+    assert f"Job {job.id} not enqueued" in caplog.text
 
 
 @pytest.mark.django_db(transaction=True)
@@ -281,7 +279,7 @@ def test_post_enqueues_one_task_after_commit_and_a_replay_none(broker, api_clien
     assert first.status_code == 201
     job_id = first.json()["job_id"]
     assert queued_task_ids(broker) == [job_id]
-    assert Operation.objects.get(pk=job_id).enqueued_at is not None
+    assert Job.objects.get(pk=job_id).enqueued_at is not None
     replay = post()
     assert (replay.status_code, replay.json(), replay["Idempotent-Replayed"]) == (201, first.json(), "true")
     assert queued_task_ids(broker) == [job_id]
@@ -295,8 +293,8 @@ def test_a_post_with_the_broker_down_is_accepted_and_left_to_the_sweep(broker, a
         )
     assert response.status_code == 201
     job_id = response.json()["job_id"]
-    operation = Operation.objects.get(pk=job_id)
-    assert (operation.state, operation.enqueued_at) == (State.PENDING, None)
+    job = Job.objects.get(pk=job_id)
+    assert (job.state, job.enqueued_at) == (State.PENDING, None)
     assert queued_task_ids(broker) == []
     assert enqueue_pending(older_than_seconds=0) == 1
     assert queued_task_ids(broker) == [job_id]
@@ -304,38 +302,38 @@ def test_a_post_with_the_broker_down_is_accepted_and_left_to_the_sweep(broker, a
 
 
 @pytest.mark.django_db
-def test_enqueue_pending_takes_only_old_never_enqueued_pending_operations(broker, make_operation):
+def test_enqueue_pending_takes_only_old_never_enqueued_pending_jobs(broker, make_job):
     old = timezone.now() - timedelta(minutes=5)
-    lost = make_operation(accepted_at=old)
-    make_operation(accepted_at=timezone.now())  # may still be on its way, after commit
-    make_operation(accepted_at=old, enqueued_at=old)
-    make_operation(accepted_at=old, state=State.RUNNING)
-    make_operation(accepted_at=old, state=State.COMPLETED)
+    lost = make_job(accepted_at=old)
+    make_job(accepted_at=timezone.now())  # may still be on its way, after commit
+    make_job(accepted_at=old, enqueued_at=old)
+    make_job(accepted_at=old, state=State.RUNNING)
+    make_job(accepted_at=old, state=State.COMPLETED)
     assert enqueue_pending(older_than_seconds=30) == 1
-    assert queued_task_ids(broker) == [str(lost.op_id)]
+    assert queued_task_ids(broker) == [str(lost.id)]
     with broker_down():
         assert enqueue_pending(older_than_seconds=0) == 0  # the fresh one stays for the next pass
     assert enqueue_pending(older_than_seconds=0) == 1
 
 
 @pytest.mark.django_db
-def test_sweep_operations_burst(broker, make_operation):
-    make_operation(accepted_at=timezone.now() - timedelta(minutes=5))
+def test_sweep_jobs_burst(broker, make_job):
+    make_job(accepted_at=timezone.now() - timedelta(minutes=5))
     out = io.StringIO()
-    call_command("sweep_operations", burst=True, stdout=out)
-    assert out.getvalue() == "Enqueued 1 operation(s).\n"
+    call_command("sweep_jobs", burst=True, stdout=out)
+    assert out.getvalue() == "Enqueued 1 job(s).\n"
     assert len(queued_task_ids(broker)) == 1
 
 
 @pytest.mark.django_db
-def test_sweeper_loops_until_stopped(broker, make_operation, monkeypatch):
+def test_sweeper_loops_until_stopped(broker, make_job, monkeypatch):
     sweeper = Sweeper(interval=0.01, older_than_seconds=0)
     passes = []
 
     def counting(**kwargs):
         passes.append(1)
         if len(passes) == 3:
-            make_operation()
+            make_job()
         if len(passes) == 5:
             threading.Thread(target=sweeper.request_stop).start()
         return enqueue_pending(**kwargs)
@@ -347,7 +345,7 @@ def test_sweeper_loops_until_stopped(broker, make_operation, monkeypatch):
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="kills a PostgreSQL backend")
-def test_sweeper_outlives_its_database_backend(broker, make_operation, caplog):
+def test_sweeper_outlives_its_database_backend(broker, make_job, caplog):
     """Its backend killed (a failover, an administrator): the failed pass is logged, the next
     one runs on a new connection, rather than every pass after it failing on the dead one."""
     sweeper = Sweeper(interval=0.01, older_than_seconds=0)
@@ -358,7 +356,7 @@ def test_sweeper_outlives_its_database_backend(broker, make_operation, caplog):
         if len(passes) == 2:
             kill_own_backend()
         if len(passes) == 3:
-            make_operation()
+            make_job()
         if len(passes) == 5:
             threading.Thread(target=sweeper.request_stop).start()
         return enqueue_pending(**kwargs)
@@ -372,9 +370,9 @@ def test_sweeper_outlives_its_database_backend(broker, make_operation, caplog):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_sweep_operations_stops_cleanly_on_sigterm(broker):
+def test_sweep_jobs_stops_cleanly_on_sigterm(broker):
     process = subprocess.Popen(
-        [sys.executable, "manage.py", "sweep_operations", "--interval", "0.1"],
+        [sys.executable, "manage.py", "sweep_jobs", "--interval", "0.1"],
         cwd=BASE_DIR,
         env=process_env(),
         stdout=subprocess.PIPE,
@@ -401,5 +399,5 @@ def test_sweep_operations_stops_cleanly_on_sigterm(broker):
     reader.join(timeout=5)
     stderr = "".join(stderr_lines)
     assert process.returncode == 0, stderr
-    assert stdout == "Enqueued 0 operation(s).\n"
+    assert stdout == "Enqueued 0 job(s).\n"
     assert "SIGTERM, stopping" in stderr

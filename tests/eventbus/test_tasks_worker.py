@@ -17,8 +17,8 @@ import redis
 from django.core.management import call_command
 
 from config.redis_server import RedisServer
-from eventbus.jobs import RunLease
-from idempotency.models import Operation
+from eventbus.models import Job
+from eventbus.runs import RunLease
 from tests.processes import Manage, Worker, alive, run_command, wait_for
 
 from .helpers import broker_down, expected_events, job_events, queued_task_ids
@@ -29,7 +29,7 @@ STAGE_SECONDS = 0.3  # a scan job runs ~1.2 s: time to kill its worker in the mi
 # Longer than a job and than a lease wait (the countdown of a task that found the lease held),
 # or a task still in hand would be delivered a second time: harmless, but noise.
 VISIBILITY_TIMEOUT = 8
-State = Operation.State
+State = Job.State
 
 
 @pytest.fixture
@@ -58,13 +58,13 @@ def post_job(api_client, domain="scan", payload=None, key="key-1"):
 
 def wait_for_state(job_id, state, worker_logs, timeout=40):
     def reached():
-        return Operation.objects.get(pk=job_id).state == state
+        return Job.objects.get(pk=job_id).state == state
 
     try:
         wait_for(reached, timeout=timeout, interval=0.05, message=f"job {job_id} to be {state}")
     except AssertionError:
         raise AssertionError(
-            f"job {job_id} is {Operation.objects.get(pk=job_id).state}, not {state}; worker logs:\n"
+            f"job {job_id} is {Job.objects.get(pk=job_id).state}, not {state}; worker logs:\n"
             + "\n".join(log()[-4000:] for log in worker_logs)
         ) from None
 
@@ -75,7 +75,7 @@ def kill_mid_job(broker, job_id, kill):
     kill()
     published = job_events(broker, "scan", job_id)
     assert 1 <= len(published) < len(expected_events("scan")), f"not mid-job: {published}"
-    assert Operation.objects.get(pk=job_id).state == State.RUNNING
+    assert Job.objects.get(pk=job_id).state == State.RUNNING
     return published
 
 
@@ -95,8 +95,8 @@ def test_a_post_runs_its_job_once_to_completed_and_a_replay_enqueues_none(start_
     assert job_events(broker, "scan", scan_id) == expected_events("scan")
     assert job_events(broker, "chat", chat_id) == expected_events("chat", {"prompt": "what is exactly-once?"})
     assert (worker.received(scan_id), worker.received(chat_id)) == (1, 1)
-    operation = Operation.objects.get(pk=scan_id)
-    assert operation.enqueued_at is not None and operation.completed_at is not None
+    job = Job.objects.get(pk=scan_id)
+    assert job.enqueued_at is not None and job.completed_at is not None
     assert post_job(api_client, "scan", key="scan-1")["Idempotent-Replayed"] == "true"
     assert queued_task_ids(broker) == []
 
@@ -137,19 +137,19 @@ def test_a_job_accepted_while_the_broker_was_down_is_swept_and_completes(start_w
         elapsed = time.monotonic() - started
     assert response.status_code == 201 and elapsed < 5
     job_id = response.json()["job_id"]
-    assert Operation.objects.get(pk=job_id).enqueued_at is None
+    assert Job.objects.get(pk=job_id).enqueued_at is None
 
     worker = start_worker()
     assert queued_task_ids(broker) == [] and worker.received(job_id) == 0
-    call_command("sweep_operations", burst=True, older_than=0)
+    call_command("sweep_jobs", burst=True, older_than=0)
     wait_for_state(job_id, State.COMPLETED, [worker.log])
     assert job_events(broker, "chat", job_id) == expected_events("chat", {"prompt": "are you there?"})
     assert worker.received(job_id) == 1
-    assert Operation.objects.get(pk=job_id).enqueued_at is not None
+    assert Job.objects.get(pk=job_id).enqueued_at is not None
 
 
 def test_a_worker_holding_jobs_survives_redis_sigkilled_and_restarted_twice_and_they_complete(
-    broker, make_operation, tmp_path
+    broker, make_job, tmp_path
 ):
     """Broker, cache and bus on one Redis that is SIGKILLed while the worker holds jobs and
     started again from its append-only file a second later, twice. The worker reconnects each
@@ -160,11 +160,11 @@ def test_a_worker_holding_jobs_survives_redis_sigkilled_and_restarted_twice_and_
     server = RedisServer(data_dir=tmp_path / "redis", durable=True, args=("--appendfsync", "always")).start()
     env = {"REDIS_URL": server.url, "EVENTBUS_RECOVER_AFTER": "3"}
     worker = Worker("restart-w", concurrency=2, EVENTBUS_STAGE_SECONDS="0.5", **env)
-    sweeper = Manage("sweep_operations", "--interval", "1", "--older-than", "0", **env)
+    sweeper = Manage("sweep_jobs", "--interval", "1", "--older-than", "0", **env)
     try:
         worker.start()
-        operations = [make_operation("scan") for _ in range(10)]
-        code, log = run_command("sweep_operations", "--burst", "--older-than", "0", REDIS_URL=server.url)
+        jobs = [make_job("scan") for _ in range(10)]
+        code, log = run_command("sweep_jobs", "--burst", "--older-than", "0", REDIS_URL=server.url)
         assert code == 0, log
         for restart in (1, 2):
             wait_for(
@@ -183,11 +183,11 @@ def test_a_worker_holding_jobs_survives_redis_sigkilled_and_restarted_twice_and_
             assert "Unrecoverable error" not in worker.log(), worker.log()[-5000:]
             assert alive(worker), worker.log()[-3000:]
         sweeper.start()
-        for operation in operations:
-            wait_for_state(operation.pk, State.COMPLETED, [worker.log, sweeper.log], timeout=60)
+        for job in jobs:
+            wait_for_state(job.pk, State.COMPLETED, [worker.log, sweeper.log], timeout=60)
         with redis.Redis(port=server.port) as client:
-            for operation in operations:
-                assert job_events(client, "scan", operation.op_id) == expected_events("scan")
+            for job in jobs:
+                assert job_events(client, "scan", job.id) == expected_events("scan")
     finally:
         for process in (worker, sweeper):
             process.stop()
@@ -201,7 +201,7 @@ import os
 from django.contrib.auth import get_user_model
 from rest_framework.test import APIClient
 import eventbus.tasks
-eventbus.tasks.enqueue = lambda operation, **options: os._exit(9)
+eventbus.tasks.enqueue = lambda job, **options: os._exit(9)
 client = APIClient()
 client.force_authenticate(get_user_model().objects.get(username={username!r}))
 client.post('/api/jobs/', {{'domain': 'scan', 'payload': {{}}}}, format='json', HTTP_IDEMPOTENCY_KEY='window')
@@ -213,17 +213,17 @@ def test_a_process_dead_between_the_commit_and_the_enqueue_leaves_the_job_to_the
 ):
     code, log = run_command("shell", "-c", CRASH_AFTER_COMMIT.format(username=user.username))
     assert code == 9, log
-    operation = Operation.objects.get(idem_key="window")
-    assert (operation.state, operation.enqueued_at) == (State.PENDING, None)
+    job = Job.objects.get(idem_key="window")
+    assert (job.state, job.enqueued_at) == (State.PENDING, None)
     assert queued_task_ids(broker) == []
     worker = start_worker()
-    call_command("sweep_operations", burst=True, older_than=0)
-    wait_for_state(operation.pk, State.COMPLETED, [worker.log])
-    assert job_events(broker, "scan", operation.op_id) == expected_events("scan")
-    assert worker.received(str(operation.op_id)) == 1
+    call_command("sweep_jobs", burst=True, older_than=0)
+    wait_for_state(job.pk, State.COMPLETED, [worker.log])
+    assert job_events(broker, "scan", job.id) == expected_events("scan")
+    assert worker.received(str(job.id)) == 1
     # The client's retry gets the same job, and sends no second task.
     retry = post_job(api_client, key="window")
-    assert retry.status_code == 201 and retry.json()["job_id"] == str(operation.op_id), retry.content
+    assert retry.status_code == 201 and retry.json()["job_id"] == str(job.id), retry.content
     assert queued_task_ids(broker) == []
 
 
@@ -258,7 +258,7 @@ def test_a_worker_killed_mid_stage_reruns_only_that_stage_and_its_outside_call_h
         "second charged",  # the outside call replayed
         "third",
     ], worker.log()
-    attempts = dict(StageRecord.objects.filter(operation_id=job_id).values_list("stage", "attempts"))
+    attempts = dict(StageRecord.objects.filter(job_id=job_id).values_list("stage", "attempts"))
     assert attempts == {"first": 1, "second": 2, "third": 1}
     assert job_events(broker, "staged", job_id) == [
         ("first", 10),
@@ -291,5 +291,5 @@ def test_a_stage_returning_a_decimal_and_a_datetime_completes_with_them_encoded(
     }
     assert data[30]["amount"] == "12.50" and data[51]["amount"] == "12.50"
     assert datetime.fromisoformat(data[30]["at"]) == datetime.fromisoformat(data[51]["at"])
-    result = StageRecord.objects.get(operation_id=job_id, stage="third").result
+    result = StageRecord.objects.get(job_id=job_id, stage="third").result
     assert result["amount"] == "12.50" and result["at"] == data[51]["at"]

@@ -7,10 +7,10 @@ from channels.testing import WebsocketCommunicator
 from django.test import Client
 
 from eventbus import publish_event
+from eventbus.models import Job
 from eventbus.router import Router
 from gateway.hub import close_hub
 from gateway.sessions import close_session_watch
-from idempotency.models import Operation
 
 
 @pytest.fixture
@@ -48,13 +48,13 @@ def viewer_cookie(django_user_model):
     from django.contrib.auth.models import Permission
 
     viewer = django_user_model.objects.create_user("auditor", password="x")
-    viewer.user_permissions.add(Permission.objects.get(codename="view_operation"))
+    viewer.user_permissions.add(Permission.objects.get(codename="view_job"))
     return login_cookie(viewer)
 
 
 @pytest.fixture
 def job(user, redis_client):
-    return Operation.objects.create(
+    return Job.objects.create(
         scope="-:1", idem_key="ws-job", domain="scan", event_type="job.requested", owner=user
     )
 
@@ -87,7 +87,7 @@ async def wait_subscribed(job, timeout=5.0):
     from eventbus.keys import JobKeys
     from gateway.hub import get_hub
 
-    channel = JobKeys(job.domain, str(job.op_id)).channel
+    channel = JobKeys(job.domain, str(job.id)).channel
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while not await subscribers(get_hub().redis, channel):
@@ -116,7 +116,7 @@ def numsub(reply) -> int:
 def _publish_and_route(job, seqs):
     for seq in seqs:
         stage = {1: "vision", 2: "rule", 3: "answer", 4: "reward", 5: "done"}[seq // 10]
-        publish_event(job.domain, str(job.op_id), stage, seq, {"seq": seq})
+        publish_event(job.domain, str(job.id), stage, seq, {"seq": seq})
     Router(burst=True, consumer="test-router").run()
 
 

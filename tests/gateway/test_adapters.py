@@ -146,12 +146,12 @@ async def test_each_path_routes_and_streams_a_job(gateway_path, job, cookie, roo
     application = JobStreamApplication()
     assert isinstance(application.routes, gateway_path.channels.Routes)
     await publish_and_route(job, [10, 11])
-    socket = make_communicator(path.format(job.op_id), cookie, application=application)
+    socket = make_communicator(path.format(job.id), cookie, application=application)
     socket.scope["root_path"] = root_path
     assert (await socket.connect(timeout=5))[0]
     assert [json.loads(await socket.receive_from(timeout=5))["seq"] for _ in range(2)] == [10, 11]
     await socket.disconnect()
-    for no_job_stream in ("/ws/jobs/", "/ws/other/1/", f"/ws/jobs/{job.op_id}/more/"):
+    for no_job_stream in ("/ws/jobs/", "/ws/other/1/", f"/ws/jobs/{job.id}/more/"):
         refused = make_communicator(no_job_stream, cookie, application=application)
         assert not (await refused.connect(timeout=5))[0]
         await refused.disconnect()
@@ -210,7 +210,7 @@ async def test_through_channels_stack_frames_skip_the_session_wrapper_on_the_fas
 
     monkeypatch.setattr(InstanceSessionWrapper, "send", counted)
     await publish_and_route(job, [10, 11])
-    socket = await open_socket(f"/ws/jobs/{job.op_id}/", cookie, application=channels_stack())
+    socket = await open_socket(f"/ws/jobs/{job.id}/", cookie, application=channels_stack())
     assert [json.loads(await socket.receive_from(timeout=5))["seq"] for _ in range(2)] == [10, 11]
     frames = [] if gateway_path.name == INTERNALS else ["websocket.send"] * 2
     assert through_wrapper == ["websocket.accept", *frames]
@@ -248,17 +248,17 @@ async def test_each_protocol_serves_the_job_stream_end_to_end(
         assert ws is expected
     await publish_and_route(job, [10, 11])
     async with uvicorn_server(ws) as server:
-        async with uvicorn_socket(server, f"/ws/jobs/{job.op_id}/", cookie) as client:
+        async with uvicorn_socket(server, f"/ws/jobs/{job.id}/", cookie) as client:
             assert [json.loads(await client.recv())["seq"] for _ in range(2)] == [10, 11]
             assert [type(c) for c in server.server_state.connections] == [ws]
             await publish_and_route(job, [12])
             assert json.loads(await client.recv())["seq"] == 12
-        async with uvicorn_socket(server, f"/ws/jobs/{job.op_id}/", other_cookie) as client:
+        async with uvicorn_socket(server, f"/ws/jobs/{job.id}/", other_cookie) as client:
             assert json.loads(await client.recv())["code"] == 4404
             await client.wait_closed()
             assert client.protocol.close_code == 4404  # websockets 13 has no close_code of its own
         with pytest.raises(InvalidStatus) as refused:
-            async with uvicorn_socket(server, f"/ws/jobs/{job.op_id}/", cookie, origin="http://evil.example"):
+            async with uvicorn_socket(server, f"/ws/jobs/{job.id}/", cookie, origin="http://evil.example"):
                 pass
         assert refused.value.response.status_code == 403
 

@@ -6,7 +6,7 @@ import uuid
 import pytest
 from django.test import Client
 
-from idempotency.models import Operation
+from eventbus.models import Job
 
 pytestmark = pytest.mark.django_db
 
@@ -24,21 +24,21 @@ def test_post_creates_a_job(api_client):
     response = create(api_client)
     assert response.status_code == 201
     body = response.json()
-    op = Operation.objects.get()
+    job = Job.objects.get()
     assert body == {
-        "job_id": str(op.op_id),
+        "job_id": str(job.id),
         "domain": "scan",
         "state": "PENDING",
-        "ws_url": f"ws://testserver/ws/jobs/{op.op_id}/",
+        "ws_url": f"ws://testserver/ws/jobs/{job.id}/",
     }
-    assert op.idem_key == "job-1" and op.payload == {"n": 1}
+    assert job.idem_key == "job-1" and job.payload == {"n": 1}
 
 
 def test_post_without_key_is_400_problem(api_client):
     response = api_client.post("/api/jobs/", {"domain": "scan"}, format="json")
     assert response.status_code == 400
     assert response["Content-Type"] == "application/problem+json"
-    assert not Operation.objects.exists()
+    assert not Job.objects.exists()
 
 
 def test_invalid_body_is_400_problem_and_the_key_can_be_retried(api_client):
@@ -57,7 +57,7 @@ def test_replay_same_status_body_and_no_second_job(api_client):
     again = create(api_client)
     assert again.status_code == 201 and again.content == first.content
     assert again["Idempotent-Replayed"] == "true"
-    assert Operation.objects.count() == 1
+    assert Job.objects.count() == 1
 
 
 def test_get_own_job_and_404_for_others(api_client, other_user, user):
@@ -91,7 +91,7 @@ def test_the_view_permission_opens_every_job_staff_or_not(api_client, django_use
 
     job_id = create(api_client).json()["job_id"]
     viewer = django_user_model.objects.create_user("auditor", password="x")  # not staff
-    viewer.user_permissions.add(Permission.objects.get(codename="view_operation"))
+    viewer.user_permissions.add(Permission.objects.get(codename="view_job"))
     response = logged_in(viewer).get(f"/api/jobs/{job_id}/")
     assert response.status_code == 200 and response.json()["payload"] == {"n": 1}
     root = django_user_model.objects.create_superuser("root", password="x")
@@ -126,8 +126,9 @@ def test_a_state_key_that_is_not_json_gives_no_latest_event_not_a_500(api_client
 
 
 def test_the_demo_users_token_authenticates_the_api(settings, tmp_path):
-    """The README's way to a token: `ensure_demo_user --token` (what `make run` prints too), or DRF's
-    `drf_create_token demo`; the same token each time, and it opens POST /api/jobs/."""
+    """The documented way to a token (docs/reference/http-api.md): `ensure_demo_user --token`
+    (what `make run` prints too), or DRF's `drf_create_token demo`; the same token each time,
+    and it opens POST /api/jobs/."""
     import io
 
     from django.core.management import call_command
@@ -149,7 +150,7 @@ def test_the_demo_users_token_authenticates_the_api(settings, tmp_path):
     client.credentials(HTTP_AUTHORIZATION=f"Token {token}")
     response = create(client, key="readme-demo-1")
     assert response.status_code == 201, response.content
-    assert Operation.objects.get().owner.username == "demo"
+    assert Job.objects.get().owner.username == "demo"
     client.credentials(HTTP_AUTHORIZATION="Token not-the-token")
     assert create(client, key="readme-demo-2").status_code == 401
 
@@ -206,7 +207,7 @@ def test_a_body_nested_too_deep_to_parse_is_400_and_the_key_is_free_again(api_cl
     deep = post_raw(api_client, f'{{"domain": "scan", "payload": {nested(5000)}}}', key="deep")
     # The parser refuses it on Python 3.11; 3.12+ parses it and the serializer refuses its depth.
     assert "nested" in str(assert_problem_400(deep))
-    assert not Operation.objects.exists()
+    assert not Job.objects.exists()
     again = create(api_client, key="deep")
     assert again.status_code == 201, again.content
     assert "Idempotent-Replayed" not in again
@@ -235,7 +236,7 @@ def test_a_payload_nested_past_the_limit_is_400_and_the_key_is_free_again(api_cl
 def test_a_nul_character_in_the_payload_is_400_on_every_database(api_client, payload):
     bad = create(api_client, key="nul", body={"domain": "scan", "payload": payload})
     assert "NUL" in str(assert_problem_400(bad)["errors"]["payload"])
-    assert not Operation.objects.exists()
+    assert not Job.objects.exists()
     assert create(api_client, key="nul").status_code == 201
 
 

@@ -52,13 +52,13 @@ async def closed_with(communicator, code):
     "origin", [b"http://evil.example", b"https://testserver.evil.example", b"null", None]
 )
 async def test_an_origin_not_in_allowed_hosts_is_refused(application, job, cookie, origin):
-    await refused(make_communicator(f"/ws/jobs/{job.op_id}/", cookie, application=application, origin=origin))
+    await refused(make_communicator(f"/ws/jobs/{job.id}/", cookie, application=application, origin=origin))
 
 
 async def test_an_origin_that_is_no_url_is_refused(job, cookie):
     # channels' validator raises on it (the server answers 500); refused here.
     socket = make_communicator(
-        f"/ws/jobs/{job.op_id}/", cookie, application=JobStreamApplication(), origin=b"http://[::1"
+        f"/ws/jobs/{job.id}/", cookie, application=JobStreamApplication(), origin=b"http://[::1"
     )
     await refused(socket)
 
@@ -68,7 +68,7 @@ async def test_the_origin_may_be_any_allowed_host(stack, job, cookie, settings):
     settings.ALLOWED_HOSTS = [".example.com"]
     application = stack()  # AllowedHostsOriginValidator reads ALLOWED_HOSTS when it is built
     socket = make_communicator(
-        f"/ws/jobs/{job.op_id}/", cookie, application=application, origin=b"https://api.example.com:8443"
+        f"/ws/jobs/{job.id}/", cookie, application=application, origin=b"https://api.example.com:8443"
     )
     assert (await socket.connect(timeout=5))[0]
     await socket.disconnect()
@@ -80,8 +80,8 @@ async def test_a_path_that_is_no_job_stream_is_refused(cookie):
 
 
 async def test_no_session_or_an_unknown_one_is_4401(application, job):
-    await closed_with(await open_socket(f"/ws/jobs/{job.op_id}/", application=application), 4401)
-    socket = await open_socket(f"/ws/jobs/{job.op_id}/", "no-such-session", application=application)
+    await closed_with(await open_socket(f"/ws/jobs/{job.id}/", application=application), 4401)
+    socket = await open_socket(f"/ws/jobs/{job.id}/", "no-such-session", application=application)
     await closed_with(socket, 4401)
 
 
@@ -89,18 +89,18 @@ async def test_a_session_from_before_a_password_change_is_4401(application, job,
     # Django's get_user: the session's auth hash no longer matches the user's.
     user.set_password("changed")
     await sync_to_async(user.save)()
-    await closed_with(await open_socket(f"/ws/jobs/{job.op_id}/", cookie, application=application), 4401)
+    await closed_with(await open_socket(f"/ws/jobs/{job.id}/", cookie, application=application), 4401)
 
 
 async def test_another_users_job_is_4404_even_to_staff_and_the_view_permission_may_watch_it(
     application, job, other_cookie, staff_cookie, viewer_cookie
 ):
-    socket = await open_socket(f"/ws/jobs/{job.op_id}/", other_cookie, application=application)
+    socket = await open_socket(f"/ws/jobs/{job.id}/", other_cookie, application=application)
     await closed_with(socket, 4404)
-    socket = await open_socket(f"/ws/jobs/{job.op_id}/", staff_cookie, application=application)
+    socket = await open_socket(f"/ws/jobs/{job.id}/", staff_cookie, application=application)
     await closed_with(socket, 4404)  # is_staff alone opens nothing
     await publish_and_route(job, [10, 11])
-    socket = await open_socket(f"/ws/jobs/{job.op_id}/", viewer_cookie, application=application)
+    socket = await open_socket(f"/ws/jobs/{job.id}/", viewer_cookie, application=application)
     assert [json.loads(await socket.receive_from(timeout=5))["seq"] for _ in range(2)] == [10, 11]
     await socket.disconnect()
 
@@ -116,7 +116,7 @@ async def test_the_owner_streams_and_nothing_keeps_the_user(job, cookie, monkeyp
 
     monkeypatch.setattr(gateway.asgi, "session_user", session_user)
     await publish_and_route(job, [10, 11])
-    socket = await open_socket(f"/ws/jobs/{job.op_id}/", cookie, application=JobStreamApplication())
+    socket = await open_socket(f"/ws/jobs/{job.id}/", cookie, application=JobStreamApplication())
     assert [json.loads(await socket.receive_from(timeout=5))["seq"] for _ in range(2)] == [10, 11]
     gc.collect()
     assert len(loaded) == 1 and loaded[0]() is None  # let go once the socket was authorized

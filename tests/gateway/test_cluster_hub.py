@@ -7,9 +7,9 @@ import redis
 from asgiref.sync import sync_to_async
 
 from eventbus.keys import JobKeys
+from eventbus.models import Job
 from eventbus.placement import move_slot
 from gateway.hub import get_hub
-from idempotency.models import Operation
 from tests.eventbus.helpers import shard_subscribers
 from tests.processes import wait_for
 
@@ -25,8 +25,8 @@ def jobs_on_every_master(cluster, user, masters=3):
     n = 0
     while len(owners) < masters:
         n += 1
-        job = Operation(scope="-:1", idem_key=f"c{n}", domain="scan", event_type="job.requested", owner=user)
-        owner = cluster.get_node_from_key(JobKeys("scan", str(job.op_id)).channel).name
+        job = Job(scope="-:1", idem_key=f"c{n}", domain="scan", event_type="job.requested", owner=user)
+        owner = cluster.get_node_from_key(JobKeys("scan", str(job.id)).channel).name
         if owner not in owners:
             owners.add(owner)
             job.save()
@@ -36,7 +36,7 @@ def jobs_on_every_master(cluster, user, masters=3):
 
 async def test_sockets_on_every_master_get_each_event_once(cluster, user, cookie):
     jobs = await sync_to_async(jobs_on_every_master)(cluster, user)
-    sockets = [await open_socket(f"/ws/jobs/{job.op_id}/", cookie, subscribed_to=job) for job in jobs]
+    sockets = [await open_socket(f"/ws/jobs/{job.id}/", cookie, subscribed_to=job) for job in jobs]
     assert get_hub().lines == 3  # a pub/sub connection per master, not one per socket
     for job in jobs:
         await publish_and_route(job, SCAN)
@@ -49,10 +49,10 @@ async def test_sockets_on_every_master_get_each_event_once(cluster, user, cookie
 async def watched_job(cluster, user, cookie, seqs):
     """A scan job, its channel and a socket watching it that got these seqs."""
     [job] = (await sync_to_async(jobs_on_every_master)(cluster, user))[:1]
-    socket = await open_socket(f"/ws/jobs/{job.op_id}/", cookie, subscribed_to=job)
+    socket = await open_socket(f"/ws/jobs/{job.id}/", cookie, subscribed_to=job)
     await publish_and_route(job, seqs)
     assert [f["seq"] for f in await frames_until(socket, seqs[-1])] == seqs
-    return job, JobKeys("scan", str(job.op_id)).channel, socket
+    return job, JobKeys("scan", str(job.id)).channel, socket
 
 
 async def test_a_channel_whose_slot_moves_is_followed_to_its_new_master(own_cluster, user, cookie):

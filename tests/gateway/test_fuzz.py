@@ -15,7 +15,7 @@ import sys
 import pytest
 from rest_framework.authtoken.models import Token
 
-from idempotency.models import Operation
+from eventbus.models import Job
 
 pytestmark = [pytest.mark.fuzz, pytest.mark.django_db(transaction=True)]
 
@@ -71,4 +71,4 @@ def test_no_input_gets_a_500_or_an_undescribed_answer(live_api, token, tmp_path)
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-20_000:] + done.stderr[-5_000:]
     # It reached the database: the fuzzer's valid requests started jobs.
-    assert Operation.objects.filter(owner__username="fuzzer").exists()
+    assert Job.objects.filter(owner__username="fuzzer").exists()

@@ -9,8 +9,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from eventbus.models import StageRecord
-from idempotency.models import Operation
+from eventbus.models import Job, StageRecord
 
 pytestmark = pytest.mark.django_db
 
@@ -18,7 +17,7 @@ ITEM_KEYS = {"job_id", "domain", "state", "ws_url", "accepted_at", "completed_at
 
 
 def make_job(owner, key, *, domain="scan", state="PENDING", minutes_ago=0, **fields):
-    return Operation.objects.create(
+    return Job.objects.create(
         scope=f"-:{owner.pk}",
         idem_key=key,
         owner=owner,
@@ -58,12 +57,12 @@ def test_the_list_holds_the_users_own_jobs_newest_first(api_client, user, other_
     assert response.status_code == 200, response.content
     body = response.json()
     assert body["count"] == 3 and body["next"] is None and body["previous"] is None
-    assert ids(response) == [str(new.op_id), str(middle.op_id), str(old.op_id)]
-    assert str(theirs.op_id) not in ids(response)
+    assert ids(response) == [str(new.id), str(middle.id), str(old.id)]
+    assert str(theirs.id) not in ids(response)
     first = body["results"][0]
     assert set(first) == ITEM_KEYS  # no payload in the list
     assert first["domain"] == "chat" and first["state"] == "COMPLETED" and first["retry_of"] is None
-    assert first["ws_url"] == f"ws://testserver/ws/jobs/{new.op_id}/"
+    assert first["ws_url"] == f"ws://testserver/ws/jobs/{new.id}/"
     assert first["accepted_at"].endswith("Z") and first["completed_at"].endswith("Z")
     assert body["results"][1]["completed_at"] is None
 
@@ -72,7 +71,7 @@ def test_the_view_permission_lists_every_users_jobs(user, other_user, django_use
     make_job(user, "a")
     make_job(other_user, "b")
     auditor = django_user_model.objects.create_user("auditor", password="x")
-    auditor.user_permissions.add(Permission.objects.get(codename="view_operation"))
+    auditor.user_permissions.add(Permission.objects.get(codename="view_job"))
     assert client_of(auditor).get("/api/jobs/").json()["count"] == 2
     staff = django_user_model.objects.create_user("ops", password="x", is_staff=True)
     assert client_of(staff).get("/api/jobs/").json()["count"] == 0
@@ -83,9 +82,9 @@ def test_filters_by_state_and_domain(api_client, user, other_user):
     failed_chat = make_job(user, "2", domain="chat", state="FAILED", minutes_ago=1)
     running_chat = make_job(user, "3", domain="chat", state="RUNNING", minutes_ago=2)
     make_job(other_user, "4", state="FAILED")
-    assert ids(api_client.get("/api/jobs/?state=FAILED")) == [str(failed_scan.op_id), str(failed_chat.op_id)]
-    assert ids(api_client.get("/api/jobs/?domain=chat")) == [str(failed_chat.op_id), str(running_chat.op_id)]
-    assert ids(api_client.get("/api/jobs/?domain=chat&state=RUNNING")) == [str(running_chat.op_id)]
+    assert ids(api_client.get("/api/jobs/?state=FAILED")) == [str(failed_scan.id), str(failed_chat.id)]
+    assert ids(api_client.get("/api/jobs/?domain=chat")) == [str(failed_chat.id), str(running_chat.id)]
+    assert ids(api_client.get("/api/jobs/?domain=chat&state=RUNNING")) == [str(running_chat.id)]
     assert len(ids(api_client.get("/api/jobs/?state=&domain="))) == 3  # empty: no filter
     assert api_client.get("/api/jobs/?state=TIMED_OUT").json() == {
         "count": 0,
@@ -125,11 +124,11 @@ def test_pages_as_drf_pages_them(api_client, user, settings):
     assert first["count"] == 25 and len(first["results"]) == 20  # GATEWAY["JOBS_PAGE_SIZE"]
     assert first["previous"] is None and first["next"] == "http://testserver/api/jobs/?page=2"
     second = api_client.get("/api/jobs/?page=2")
-    assert ids(second) == [str(job.op_id) for job in jobs[20:]]
+    assert ids(second) == [str(job.id) for job in jobs[20:]]
     assert second.json()["next"] is None and second.json()["previous"] == "http://testserver/api/jobs/"
     assert ids(api_client.get("/api/jobs/?page=last")) == ids(second)
     sized = api_client.get("/api/jobs/?page_size=10&page=3").json()
-    assert [r["job_id"] for r in sized["results"]] == [str(job.op_id) for job in jobs[20:]]
+    assert [r["job_id"] for r in sized["results"]] == [str(job.id) for job in jobs[20:]]
     assert len(api_client.get("/api/jobs/?page_size=100").json()["results"]) == 25
     settings.GATEWAY = {"JOBS_PAGE_SIZE": 7}
     assert len(api_client.get("/api/jobs/").json()["results"]) == 7
@@ -149,7 +148,7 @@ def test_the_list_needs_a_user(client):
 
 
 def record(job, stage, **fields):
-    return StageRecord.objects.create(operation=job, stage=stage, **fields)
+    return StageRecord.objects.create(job=job, stage=stage, **fields)
 
 
 def test_the_detail_shows_every_declared_stage_with_its_record(api_client, user):
@@ -165,7 +164,7 @@ def test_the_detail_shows_every_declared_stage_with_its_record(api_client, user)
         error_message="card declined",
         failed_at=started + timedelta(seconds=2),
     )
-    response = api_client.get(f"/api/jobs/{job.op_id}/")
+    response = api_client.get(f"/api/jobs/{job.id}/")
     assert response.status_code == 200, response.content
     body = response.json()
     assert body["retry_of"] is None and body["payload"] == {"secret": "staged"}
@@ -190,13 +189,13 @@ def test_the_detail_shows_every_declared_stage_with_its_record(api_client, user)
     }
     # A stage started and neither finished nor failed is running.
     record(job, "third", attempts=1)
-    assert api_client.get(f"/api/jobs/{job.op_id}/").json()["stages"][2]["state"] == "RUNNING"
+    assert api_client.get(f"/api/jobs/{job.id}/").json()["stages"][2]["state"] == "RUNNING"
 
 
 def test_the_stages_are_read_in_one_query_whatever_their_number(api_client, user):
     def queries_for(job) -> list[str]:
         with CaptureQueriesContext(connection) as queries:
-            assert api_client.get(f"/api/jobs/{job.op_id}/").status_code == 200
+            assert api_client.get(f"/api/jobs/{job.id}/").status_code == 200
         return [query["sql"] for query in queries.captured_queries]
 
     bare = make_job(user, "bare", domain="staged", state="RUNNING")
@@ -214,13 +213,13 @@ def test_a_job_whose_type_is_gone_shows_the_stages_it_ran(api_client, user):
     now = timezone.now()
     record(job, "later", attempts=1, started_at=now, finished_at=now)
     record(job, "earlier", attempts=1, started_at=now - timedelta(seconds=5), finished_at=now)
-    stages = api_client.get(f"/api/jobs/{job.op_id}/").json()["stages"]
+    stages = api_client.get(f"/api/jobs/{job.id}/").json()["stages"]
     assert [(s["name"], s["state"]) for s in stages] == [("earlier", "COMPLETED"), ("later", "COMPLETED")]
 
 
 def test_another_users_job_is_404_on_the_detail(user, other_user):
     job = make_job(user, "mine", domain="staged")
-    assert_problem(client_of(other_user).get(f"/api/jobs/{job.op_id}/"), 404)
+    assert_problem(client_of(other_user).get(f"/api/jobs/{job.id}/"), 404)
 
 
 def test_a_page_costs_the_same_queries_whatever_its_length(api_client, user):

@@ -8,7 +8,8 @@ from rest_framework.test import APIClient
 
 from eventbus.exceptions import JobLimitReached
 from eventbus.limits import check_running_cap
-from idempotency.models import IdempotencyRecord, Operation
+from eventbus.models import Job
+from idempotency.models import IdempotencyRecord
 
 pytestmark = pytest.mark.django_db
 
@@ -45,12 +46,12 @@ def test_one_job_over_the_cap_is_a_429_and_its_key_stays_free(api_client, settin
     refused = create(api_client, "k3")
     assert assert_429(refused)["type"] == "urn:problem:job-limit-reached"
     assert refused["Retry-After"] == "7"
-    assert Operation.objects.count() == 2
+    assert Job.objects.count() == 2
     assert not IdempotencyRecord.objects.filter(key="k3").exists()  # 429: never stored
     assert create(api_client, "k1").status_code == 201  # a replay is no new job: never refused
     assert create(client_of(other_user), "k3").status_code == 201  # the cap is per user
 
-    Operation.objects.filter(idem_key="k1").update(state=Operation.State.COMPLETED)
+    Job.objects.filter(idem_key="k1").update(state=Job.State.COMPLETED)
     again = create(api_client, "k3")
     assert again.status_code == 201, again.content
     assert "Idempotent-Replayed" not in again
@@ -58,7 +59,7 @@ def test_one_job_over_the_cap_is_a_429_and_its_key_stays_free(api_client, settin
 
 def test_check_running_cap_counts_the_owners_pending_and_running_jobs(user, other_user, settings):
     def job(owner, key, state):
-        Operation.objects.create(
+        Job.objects.create(
             scope="s", idem_key=key, owner=owner, domain="scan", event_type="job.requested", state=state
         )
 
@@ -89,7 +90,7 @@ def test_the_jobs_throttle_answers_429_with_retry_after(api_client, settings, ot
     throttle_rate(settings, "3/min")
     assert api_client.get("/api/jobs/").status_code == 200
     assert create(api_client, "t1").status_code == 201
-    job_id = Operation.objects.get().op_id
+    job_id = Job.objects.get().id
     assert api_client.get(f"/api/jobs/{job_id}/").status_code == 200
     assert_429(api_client.get("/api/jobs/"))
     assert_429(api_client.get(f"/api/jobs/{job_id}/"))

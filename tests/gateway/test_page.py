@@ -385,7 +385,7 @@ def test_a_reload_lists_the_recent_jobs_and_resumes_a_running_one(walker, stack,
     from eventbus import start_job
 
     by_code, _ = orm(lambda: start_job("scan", {}, key="started-by-code", owner=walker))
-    by_code_id = str(by_code.op_id)
+    by_code_id = str(by_code.id)
     page = logged_in_page(browser, stack)
     sockets = []
     page.on("websocket", lambda socket: sockets.append(socket.url))
@@ -426,7 +426,7 @@ def test_older_jobs_come_a_page_at_a_time(walker, web, browser):
     from eventbus import start_job
 
     ids = [
-        str(orm(lambda n=n: start_job("scan", {}, key=f"code-{n}", owner=walker))[0].op_id) for n in range(11)
+        str(orm(lambda n=n: start_job("scan", {}, key=f"code-{n}", owner=walker))[0].id) for n in range(11)
     ]
     page = logged_in_page(browser, web)
     page.wait_for_function("document.querySelectorAll('.job').length === 10")

@@ -8,7 +8,7 @@ while the database and the watchers went on. Here a Redis server is snapshotted 
 job goes on (a stage finishes, the next one reports and its worker dies), watchers see it all,
 then the server is SIGKILLed and started again from the snapshot.
 
-The outcome (README, "Durability and recovery"): the job completes; a watcher that saw the lost
+The outcome (docs/design/durability.md, "Durability and recovery"): the job completes; a watcher that saw the lost
 events gets neither a duplicate nor a gap (nor, here, a reset); a new watcher gets every event
 once; the stream holds each (job, stage, seq) once. The finished stage's events come back from
 its stage record, the unfinished stage runs again under the same seqs.
@@ -22,10 +22,10 @@ import redis
 from asgiref.sync import sync_to_async
 
 from config.redis_server import RedisServer
-from eventbus import jobs
+from eventbus import runs
+from eventbus.models import Job
 from eventbus.router import Router
 from gateway.hub import get_hub
-from idempotency.models import Operation
 from tests.eventbus.helpers import job_events
 from tests.eventbus.jobtypes import StagedJob, lines
 from tests.processes import wait_for
@@ -53,12 +53,12 @@ def route() -> None:
 
 
 def run_when_free(job_id: str) -> str:
-    """jobs.run, as the worker's task runs it again when the job's lease is held."""
+    """runs.run, as the worker's task runs it again when the job's lease is held."""
     deadline = time.monotonic() + 15
     while True:
         try:
-            return jobs.run(job_id)
-        except jobs.JobBusy:
+            return runs.run(job_id)
+        except runs.JobBusy:
             assert time.monotonic() < deadline, "the lease was never released"
             time.sleep(0.2)
 
@@ -77,7 +77,7 @@ async def test_redis_back_from_an_older_snapshot_loses_no_event_and_doubles_none
     snapshot_redis, user, cookie, tmp_path, monkeypatch
 ):
     log_path = str(tmp_path / "work.log")
-    operation = await sync_to_async(Operation.objects.create)(
+    job = await sync_to_async(Job.objects.create)(
         scope=f"t:{user.pk}", idem_key="lost", owner=user, domain="staged", payload={"log": log_path}
     )
     server = redis.Redis(port=snapshot_redis.port)
@@ -98,32 +98,32 @@ async def test_redis_back_from_an_older_snapshot_loses_no_event_and_doubles_none
     monkeypatch.setattr(StagedJob, "second", second)
     monkeypatch.setattr(StagedJob, "third", third)
     with pytest.raises(redis.ConnectionError):
-        await sync_to_async(jobs.run)(str(operation.op_id), fail_on_transient=False)
+        await sync_to_async(runs.run)(str(job.id), fail_on_transient=False)
     await sync_to_async(route)()
 
-    watcher = await open_socket(f"/ws/jobs/{operation.op_id}/", cookie, subscribed_to=operation)
+    watcher = await open_socket(f"/ws/jobs/{job.id}/", cookie, subscribed_to=job)
     assert await seqs_until(watcher, 30) == [10, 20, 21, 30]
 
     # Redis dies and comes back as it was at the snapshot: event 10 applied, nothing after.
     snapshot_redis.process.kill()
     snapshot_redis.process.wait()
     snapshot_redis.start()
-    assert await sync_to_async(job_events)(server, "staged", operation.op_id) == [("first", 10)]
+    assert await sync_to_async(job_events)(server, "staged", job.id) == [("first", 10)]
     hub = get_hub()
     await sync_to_async(wait_for)(lambda: hub.reconnections >= 1, timeout=15, message="the hub back")
     await watcher.receive_nothing(timeout=1)  # it waits: no reset, no event again
 
     # The snapshot holds the first run's lease too: the new run waits for it to expire (5 s).
-    assert await sync_to_async(run_when_free)(str(operation.op_id)) == Operation.State.COMPLETED
+    assert await sync_to_async(run_when_free)(str(job.id)) == Job.State.COMPLETED
     await sync_to_async(route)()
     assert await seqs_until(watcher, 51) == [51]
     await watcher.receive_nothing(timeout=0.5)
-    newcomer = await open_socket(f"/ws/jobs/{operation.op_id}/", cookie, subscribed_to=operation)
+    newcomer = await open_socket(f"/ws/jobs/{job.id}/", cookie, subscribed_to=job)
     assert await seqs_until(newcomer, 51) == [10, 20, 21, 30, 51]
     for socket in (watcher, newcomer):
         await socket.disconnect()
 
-    assert await sync_to_async(job_events)(server, "staged", operation.op_id) == STAGED
+    assert await sync_to_async(job_events)(server, "staged", job.id) == STAGED
     work = lines(log_path)
     assert work.count("first") == 1 and work.count("second charged") == 1  # finished stages ran once
     assert work.count("third") == 1  # the stage that died ran again (its log line: second run only)
@@ -132,7 +132,7 @@ async def test_redis_back_from_an_older_snapshot_loses_no_event_and_doubles_none
 
 async def test_a_socket_opened_while_redis_is_down_waits_for_it_then_streams(snapshot_redis, job, cookie):
     snapshot_redis.kill()
-    socket = await open_socket(f"/ws/jobs/{job.op_id}/", cookie)
+    socket = await open_socket(f"/ws/jobs/{job.id}/", cookie)
     await socket.receive_nothing(timeout=1)  # open, waiting: no close, no error frame
     snapshot_redis.start()
     await sync_to_async(wait_subscribed_sync)(job)
@@ -145,5 +145,5 @@ def wait_subscribed_sync(job) -> None:
     from eventbus.keys import JobKeys
     from eventbus.redis import get_redis
 
-    channel = JobKeys(job.domain, str(job.op_id)).channel
+    channel = JobKeys(job.domain, str(job.id)).channel
     wait_for(lambda: get_redis().pubsub_numsub(channel)[0][1], timeout=15, message="the hub subscribed")

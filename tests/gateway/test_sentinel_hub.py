@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("
 
 
 async def test_a_watcher_gets_every_event_once_across_a_failover(sentinel_bus, job, cookie):
-    socket = await open_socket(f"/ws/jobs/{job.op_id}/", cookie, subscribed_to=job)
+    socket = await open_socket(f"/ws/jobs/{job.id}/", cookie, subscribed_to=job)
     await publish_and_route(job, [10, 11])
     assert [f["seq"] for f in await frames_until(socket, 11)] == [10, 11]
     hub = get_hub()

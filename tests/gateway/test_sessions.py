@@ -11,10 +11,10 @@ from channels.routing import URLRouter
 from channels.security.websocket import AllowedHostsOriginValidator
 from django.test import Client
 
+from eventbus.models import Job
 from gateway.asgi import JobStreamApplication
 from gateway.routing import websocket_urlpatterns
 from gateway.sessions import ended_sessions, get_session_watch
-from idempotency.models import Operation
 
 from .conftest import open_socket, publish_and_route
 
@@ -62,14 +62,14 @@ def bob(other_user, engine):
 
 @pytest.fixture
 def bobs_job(other_user):
-    return Operation.objects.create(
+    return Job.objects.create(
         scope="-:2", idem_key="ws-bob", domain="scan", event_type="job.requested", owner=other_user
     )
 
 
 async def watch(application, job, client):
     socket = await open_socket(
-        f"/ws/jobs/{job.op_id}/",
+        f"/ws/jobs/{job.id}/",
         client.cookies["sessionid"].value,
         application=application,
         subscribed_to=job,

@@ -29,7 +29,7 @@ def protocols(server) -> list:
 
 async def test_a_socket_streams_its_job_and_keeps_no_handshake(server, job, cookie):
     await publish_and_route(job, [10, 11])
-    async with uvicorn_socket(server, f"/ws/jobs/{job.op_id}/", cookie) as ws:
+    async with uvicorn_socket(server, f"/ws/jobs/{job.id}/", cookie) as ws:
         assert [json.loads(await asyncio.wait_for(ws.recv(), 5))["seq"] for _ in range(2)] == [10, 11]
         [protocol] = protocols(server)
         if adapter.INTERNALS:
@@ -43,21 +43,21 @@ async def test_a_socket_streams_its_job_and_keeps_no_handshake(server, job, cook
 
 
 async def test_refusals_reach_the_client(server, job, cookie, other_cookie):
-    async with uvicorn_socket(server, f"/ws/jobs/{job.op_id}/") as ws:
+    async with uvicorn_socket(server, f"/ws/jobs/{job.id}/") as ws:
         assert json.loads(await ws.recv())["code"] == 4401
         await asyncio.wait_for(ws.wait_closed(), 5)
         assert ws.protocol.close_code == 4401  # websockets 13 has no close_code of its own
-    async with uvicorn_socket(server, f"/ws/jobs/{job.op_id}/", other_cookie) as ws:
+    async with uvicorn_socket(server, f"/ws/jobs/{job.id}/", other_cookie) as ws:
         await asyncio.wait_for(ws.wait_closed(), 5)
         assert ws.protocol.close_code == 4404
     with pytest.raises(InvalidStatus) as refused:
-        async with uvicorn_socket(server, f"/ws/jobs/{job.op_id}/", cookie, origin="http://evil.example"):
+        async with uvicorn_socket(server, f"/ws/jobs/{job.id}/", cookie, origin="http://evil.example"):
             pass
     assert refused.value.response.status_code == 403
 
 
 async def test_the_server_hears_a_client_leave(server, job, cookie):
-    async with uvicorn_socket(server, f"/ws/jobs/{job.op_id}/", cookie):
+    async with uvicorn_socket(server, f"/ws/jobs/{job.id}/", cookie):
         while not protocols(server):
             await asyncio.sleep(0.01)
     for _ in range(500):

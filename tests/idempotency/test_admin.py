@@ -11,7 +11,8 @@ import pytest
 from django.contrib.auth.models import Permission
 from django.test import Client
 
-from idempotency.models import IdempotencyRecord, Operation
+from eventbus.models import Job
+from idempotency.models import IdempotencyRecord
 
 from . import views
 
@@ -21,10 +22,13 @@ ACTIONS = ("evict", "expire_now")
 
 
 def staff(django_user_model, name, *codenames):
-    """A staff member (not superuser) with exactly these idempotency permissions, logged in."""
+    """A staff member (not superuser) with exactly these permissions (idempotency's, and the jobs'
+    of the event bus), logged in."""
     member = django_user_model.objects.create_user(name, password="x", is_staff=True)
     member.user_permissions.set(
-        Permission.objects.filter(content_type__app_label="idempotency", codename__in=codenames)
+        Permission.objects.filter(
+            content_type__app_label__in=("idempotency", "eventbus"), codename__in=codenames
+        )
     )
     assert len(codenames) == member.user_permissions.count()
     client = Client()
@@ -123,21 +127,21 @@ def test_staff_with_change_permission_can_expire(django_user_model, owner_record
 def test_staff_without_view_permission_gets_403(django_user_model):
     nobody = staff(django_user_model, "nobody")
     assert nobody.get(CHANGELIST).status_code == 403
-    assert nobody.get("/admin/idempotency/operation/").status_code == 403
-    operations_only = staff(django_user_model, "ops", "view_operation")
-    assert operations_only.get(CHANGELIST).status_code == 403
-    assert operations_only.get("/admin/idempotency/operation/").status_code == 200
+    assert nobody.get("/admin/eventbus/job/").status_code == 403
+    jobs_only = staff(django_user_model, "ops", "view_job")
+    assert jobs_only.get(CHANGELIST).status_code == 403
+    assert jobs_only.get("/admin/eventbus/job/").status_code == 200
 
 
-def test_the_operation_admin_offers_only_the_job_actions_without_delete_and_neither_admin_edits(
+def test_the_job_admin_offers_only_the_job_actions_without_delete_and_neither_admin_edits(
     django_user_model, user, owner_record
 ):
-    operation = Operation.objects.create(domain="scan", owner=user, idem_key="k-1", scope=f"u:{user.pk}")
-    changer = staff(django_user_model, "changer", "change_operation", "change_idempotencyrecord")
-    listing = changer.get("/admin/idempotency/operation/")
+    job = Job.objects.create(domain="scan", owner=user, idem_key="k-1", scope=f"u:{user.pk}")
+    changer = staff(django_user_model, "changer", "change_job", "change_idempotencyrecord")
+    listing = changer.get("/admin/eventbus/job/")
     assert listing.status_code == 200 and offered_actions(listing) == {"cancel_jobs", "retry_jobs"}
     for page in (
-        f"/admin/idempotency/operation/{operation.pk}/change/",
+        f"/admin/eventbus/job/{job.pk}/change/",
         f"{CHANGELIST}{owner_record[2].pk}/change/",
     ):
         form = changer.get(page).context["adminform"].form

@@ -5,7 +5,8 @@ import pytest
 from django.db import connection
 from django.test import Client
 
-from idempotency.models import IdempotencyRecord, Operation
+from eventbus.models import Job
+from idempotency.models import IdempotencyRecord
 
 from . import views
 
@@ -25,7 +26,7 @@ def client(user):
 
 def test_rolled_back_view_leaves_no_completed_record_and_no_effect(client):
     assert post(client, "/t/atomic/?fail=1", "r").status_code == 500
-    assert not Operation.objects.filter(event_type="effect").exists()
+    assert not Job.objects.filter(event_type="effect").exists()
     if connection.vendor == "postgresql":
         # The key was held by the rolled-back transaction: nothing of it is left.
         assert not IdempotencyRecord.objects.filter(key="r").exists()
@@ -38,10 +39,10 @@ def test_rolled_back_view_leaves_no_completed_record_and_no_effect(client):
 def test_completed_record_commits_with_the_effect(client):
     first = post(client, "/t/atomic/", "ok")
     assert first.status_code == 201
-    assert Operation.objects.filter(event_type="effect").count() == 1
+    assert Job.objects.filter(event_type="effect").count() == 1
     assert IdempotencyRecord.objects.get(key="ok").state == "COMPLETED"
     assert post(client, "/t/atomic/", "ok")["Idempotent-Replayed"] == "true"
-    assert Operation.objects.filter(event_type="effect").count() == 1
+    assert Job.objects.filter(event_type="effect").count() == 1
 
 
 @pytest.mark.parametrize("atomic_requests", [True, False])
@@ -58,7 +59,7 @@ def test_atomic_requests_puts_the_answer_in_the_view_transaction(
     monkeypatch.setitem(connection.settings_dict, "ATOMIC_REQUESTS", atomic_requests)
     monkeypatch.setattr(DatabaseStore, "complete", lambda self, lease, response: False)
     response = post(client, "/t/plain-effect/", "ar")
-    effects = Operation.objects.filter(event_type="effect").count()
+    effects = Job.objects.filter(event_type="effect").count()
     if atomic_requests:
         assert response.status_code == 409 and effects == 0
     else:
@@ -74,4 +75,4 @@ def test_the_commit_decides(client, monkeypatch, durable_leases):
     response = post(client, "/t/atomic/", "lost")
     assert response.status_code == 409
     assert response.json()["type"] == "urn:problem:idempotency-lease-lost"
-    assert not Operation.objects.filter(event_type="effect").exists()
+    assert not Job.objects.filter(event_type="effect").exists()

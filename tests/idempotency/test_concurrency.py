@@ -11,9 +11,9 @@ from django.test import Client
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from idempotency.keys import IdemKey
-from idempotency.models import IdempotencyRecord, Operation
-from idempotency.services import Command, accept
+from eventbus.models import Job
+from idempotency.models import IdempotencyRecord
+from idempotency.services import accept_once
 from tests.processes import wait_for
 
 from . import views
@@ -48,7 +48,7 @@ def test_50_threads_post_one_key_one_execution(user):
         return r.status_code, r.content, r.get("Retry-After"), r.get("Idempotent-Replayed")
 
     results = in_threads(THREADS, post)
-    assert Operation.objects.count() == 1
+    assert Job.objects.count() == 1
     created = [r for r in results if r[0] == 201]
     conflicts = [r for r in results if r[0] == 409]
     assert len(created) + len(conflicts) == THREADS, {r[0] for r in results}
@@ -57,7 +57,7 @@ def test_50_threads_post_one_key_one_execution(user):
     original_body = originals[0][1]
     assert all(r[1] == original_body for r in created)
     assert all(r[2] and int(r[2]) >= 1 for r in conflicts)
-    assert json.loads(original_body)["job_id"] == str(Operation.objects.get().op_id)
+    assert json.loads(original_body)["job_id"] == str(Job.objects.get().id)
 
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
@@ -65,24 +65,30 @@ def test_50_threads_post_one_key_one_execution(user):
         again = client.post("/api/jobs/", body, format="json", HTTP_IDEMPOTENCY_KEY="race-1")
         assert again.status_code == 201 and again.content == original_body
         assert again["Idempotent-Replayed"] == "true"
-    assert Operation.objects.count() == 1
+    assert Job.objects.count() == 1
 
 
-def test_50_concurrent_accepts_give_one_operation_and_one_enqueue(user):
+def test_50_concurrent_accepts_give_one_row_and_one_enqueue(user):
     enqueued = []
-    command = Command(
-        scope="-:1",
-        idem_key=IdemKey("acc-1"),
-        domain="scan",
-        event_type="job.requested",
-        payload={"x": 1},
-        owner=user,
-    )
-    results = in_threads(THREADS, lambda _: accept(command, on_accepted=enqueued.append))
-    assert len({op.op_id for op, _ in results}) == 1
+
+    def accept(_):
+        job = Job(
+            scope="-:1",
+            idem_key="acc-1",
+            domain="scan",
+            event_type="job.requested",
+            payload={"x": 1},
+            owner=user,
+        )
+        return accept_once(
+            job, unique=("scope", "idem_key"), same=("domain", "payload"), on_accepted=enqueued.append
+        )
+
+    results = in_threads(THREADS, accept)
+    assert len({job.id for job, _ in results}) == 1
     assert sum(created for _, created in results) == 1
-    assert [op.op_id for op in enqueued] == [results[0][0].op_id]
-    assert Operation.objects.count() == 1
+    assert [job.id for job in enqueued] == [results[0][0].id]
+    assert Job.objects.count() == 1
 
 
 class StalledRequest(threading.Thread):
@@ -163,6 +169,4 @@ def test_atomic_view_that_lost_its_lease_rolls_back(user, dead_heartbeat, durabl
     stale = stalled.release()
     assert stale.status_code == 409
     assert stale.json()["type"] == "urn:problem:idempotency-lease-lost"
-    assert (
-        Operation.objects.filter(event_type="effect").count() == 1
-    )  # the stale request's effect rolled back
+    assert Job.objects.filter(event_type="effect").count() == 1  # the stale request's effect rolled back

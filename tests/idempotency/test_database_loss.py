@@ -7,7 +7,8 @@ import pytest
 from django.db import connection
 from django.test import Client
 
-from idempotency.models import IdempotencyRecord, Operation
+from eventbus.models import Job
+from idempotency.models import IdempotencyRecord
 from idempotency.stores.db import DatabaseStore
 from tests.postgres import kill_own_backend
 
@@ -55,16 +56,16 @@ def test_backend_killed_in_an_atomic_view_rolls_back_and_the_retry_runs_once(cli
     views.KILLS.add("k")
     assert_database_unavailable(post(client, "/t/atomic/?kill=k", "killed"))
     assert views.CALLS["atomic"] == 1
-    assert not Operation.objects.filter(event_type="effect").exists()  # died with its transaction
+    assert not Job.objects.filter(event_type="effect").exists()  # died with its transaction
     assert not IdempotencyRecord.objects.filter(key="killed", state="COMPLETED").exists()
 
     retry = retried(client, "/t/atomic/?kill=k", "killed")
     assert retry.status_code == 201, retry.content
     assert views.CALLS["atomic"] == 2
-    assert Operation.objects.filter(event_type="effect").count() == 1
+    assert Job.objects.filter(event_type="effect").count() == 1
     replay = post(client, "/t/atomic/?kill=k", "killed")
     assert replay["Idempotent-Replayed"] == "true" and replay.content == retry.content
-    assert Operation.objects.filter(event_type="effect").count() == 1
+    assert Job.objects.filter(event_type="effect").count() == 1
 
 
 @pytest.mark.parametrize("taking", ["claim", "acquire"])

@@ -1,9 +1,10 @@
 import pytest
 
+from eventbus.models import Job
 from idempotency.decorators import GLOBAL, idempotent
 from idempotency.exceptions import IdempotencyInProgress, IdempotencyKeyMismatch
 from idempotency.keys import IdemKey
-from idempotency.models import IdempotencyRecord, Operation
+from idempotency.models import IdempotencyRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)
 calls: list = []
@@ -12,7 +13,7 @@ calls: list = []
 @idempotent(operation="charge", scope=GLOBAL)
 def charge(*, invoice_id, amount, idempotency_key):
     calls.append(invoice_id)
-    Operation.objects.create(
+    Job.objects.create(
         scope="charge", idem_key=f"{invoice_id}-{len(calls)}", domain="scan", event_type="charge"
     )
     if amount < 0:
@@ -43,7 +44,7 @@ def test_exception_is_not_stored_and_effects_roll_back():
         with pytest.raises(ValueError):
             charge(invoice_id=2, amount=-1, idempotency_key="c-3")
     assert calls == [2, 2]
-    assert not Operation.objects.filter(event_type="charge").exists()
+    assert not Job.objects.filter(event_type="charge").exists()
     assert IdempotencyRecord.objects.get(key="c-3").state == "FAILED"
 
 

@@ -116,12 +116,15 @@ def test_idempotent_with_arguments_nested_too_deep_is_a_clear_error():
     assert calls == [] and not IdempotencyRecord.objects.exists()
 
 
-def command(**fields):
-    from idempotency.keys import IdemKey
-    from idempotency.services import Command
+def accept(**fields):
+    """idempotency's generic accept-once of a row (here a job, a model with a UNIQUE scope and key)."""
+    from eventbus.models import Job
+    from idempotency.services import accept_once
 
-    defaults = {"scope": "-:1", "idem_key": IdemKey("cmd-1"), "domain": "scan", "event_type": "job.requested"}
-    return Command(**{**defaults, **fields})
+    defaults = {"scope": "-:1", "idem_key": "cmd-1", "domain": "scan", "event_type": "job.requested"}
+    return accept_once(
+        Job(**{**defaults, **fields}), unique=("scope", "idem_key"), same=("domain", "payload")
+    )
 
 
 @pytest.mark.parametrize(
@@ -140,34 +143,32 @@ def test_accept_refuses_a_nul_on_every_database_alike(fields):
     refused before either sees it, as a BadRequest (a view that lets it through answers 400)."""
     from django.core.exceptions import BadRequest
 
-    from idempotency.models import Operation
-    from idempotency.services import InvalidCommand, accept
+    from eventbus.models import Job
+    from idempotency.services import UnstorableRow
 
-    with pytest.raises(InvalidCommand, match="NUL") as info:
-        accept(command(**fields))
+    with pytest.raises(UnstorableRow, match="NUL") as info:
+        accept(**fields)
     assert isinstance(info.value, BadRequest)
-    assert not Operation.objects.exists()
+    assert not Job.objects.exists()
 
 
 def test_accept_stores_a_backslash_that_only_looks_like_a_nul_escape():
-    from idempotency.services import accept
-
-    operation, created = accept(command(payload={"text": "\\u0000 is six characters"}))
+    job, created = accept(payload={"text": "\\u0000 is six characters"})
     assert created
-    operation.refresh_from_db()
-    assert operation.payload == {"text": "\\u0000 is six characters"}
+    job.refresh_from_db()
+    assert job.payload == {"text": "\\u0000 is six characters"}
 
 
 def test_accept_refuses_a_payload_nested_too_deep():
-    from idempotency.models import Operation
-    from idempotency.services import InvalidCommand, accept
+    from eventbus.models import Job
+    from idempotency.services import UnstorableRow
 
     nested: dict = {}
     for _ in range(DEPTH):
         nested = {"a": nested}
-    with pytest.raises(InvalidCommand, match="deep"):
-        accept(command(payload=nested))
-    assert not Operation.objects.exists()
+    with pytest.raises(UnstorableRow, match="deep"):
+        accept(payload=nested)
+    assert not Job.objects.exists()
 
 
 def test_the_jobs_api_answers_a_nul_in_the_payload_with_a_400_and_frees_the_key(client_for, user):
@@ -183,12 +184,12 @@ def test_the_jobs_api_answers_a_nul_in_the_payload_with_a_400_and_frees_the_key(
 def test_accept_refuses_a_number_json_cannot_carry(number):
     """1e999 parses to inf: PostgreSQL's jsonb refuses it (DataError) and SQLite's JSON_VALID
     check too (IntegrityError, once taken for a race on the key): a 500 either way before."""
-    from idempotency.models import Operation
-    from idempotency.services import InvalidCommand, accept
+    from eventbus.models import Job
+    from idempotency.services import UnstorableRow
 
-    with pytest.raises(InvalidCommand, match="NaN or infinity"):
-        accept(command(payload={"x": [number]}))
-    assert not Operation.objects.exists()
+    with pytest.raises(UnstorableRow, match="NaN or infinity"):
+        accept(payload={"x": [number]})
+    assert not Job.objects.exists()
 
 
 def test_the_jobs_api_answers_1e999_with_a_400_and_frees_the_key(client_for, user):
@@ -212,4 +213,4 @@ def test_an_integrity_error_that_is_not_the_keys_race_is_raised_not_taken_for_on
 
     monkeypatch.setattr(services, "insert", violate)
     with pytest.raises(IntegrityError, match="some other constraint"):
-        services.accept(command())
+        accept()

@@ -9,9 +9,10 @@ from django.db import connection, transaction
 from django.test import RequestFactory
 from psycopg.pq import TransactionStatus
 
+from eventbus.models import Job
 from idempotency.adapters import django as django_adapter
 from idempotency.fingerprint import request_fingerprint
-from idempotency.models import IdempotencyRecord, Operation
+from idempotency.models import IdempotencyRecord
 from idempotency.responses import StoredResponse
 from idempotency.stores.db import DatabaseStore
 
@@ -27,7 +28,7 @@ GATED = "/t/atomic/?gate=g"
 
 
 def effects():
-    return Operation.objects.filter(event_type="effect").count()
+    return Job.objects.filter(event_type="effect").count()
 
 
 def fingerprint_of(path):
@@ -189,7 +190,7 @@ def test_a_lost_insert_does_not_commit_the_work_it_was_sent_with():
         scope="-:0", key="taken", fingerprint="f", expires_at=held.lease.expires_at
     )
     with pytest.raises(RuntimeError), transaction.atomic():
-        Operation.objects.create(scope="-:0", idem_key="taken", domain="d", event_type="effect")
+        Job.objects.create(scope="-:0", idem_key="taken", domain="d", event_type="effect")
         assert not store.record_answer(held, ANSWER, last=True)
         raise RuntimeError("the caller rolls back")
     assert effects() == 0

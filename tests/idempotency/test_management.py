@@ -116,7 +116,7 @@ def test_admin_lists_searches_filters_and_shows_the_stored_response(staff_client
     assert b"findme" in listing.content and b"other" not in listing.content
     detail = staff_client.get(f"/admin/idempotency/idempotencyrecord/{r.pk}/change/")
     assert detail.status_code == 200 and b"j-1" in detail.content and b"HTTP 201" in detail.content
-    assert staff_client.get("/admin/idempotency/operation/?q=x").status_code == 200
+    assert staff_client.get("/admin/eventbus/job/?q=x").status_code == 200
 
 
 @override_settings(IDEMPOTENCY={"STORE": "idempotency.stores.cached.CachedStore"})

@@ -8,7 +8,8 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext, override_settings
 
-from idempotency.models import IdempotencyRecord, Operation
+from eventbus.models import Job
+from idempotency.models import IdempotencyRecord
 
 from . import views
 
@@ -211,7 +212,7 @@ def test_a_retried_post_redirect_get_form_replays_its_redirect(settings, client_
     assert retry["Location"] == first["Location"]
     assert retry["Idempotent-Replayed"] == "true"
     assert "flash" not in retry.cookies
-    assert Operation.objects.filter(event_type="note").count() == 1
+    assert Job.objects.filter(event_type="note").count() == 1
     assert views.CALLS["note"] == 1
     other = client.post(path, {"title": "other"}, HTTP_IDEMPOTENCY_KEY="form-1")
     assert other.status_code == 422

@@ -5,7 +5,7 @@ from django.test import Client
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from idempotency.models import Operation
+from eventbus.models import Job
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.idempotency.urls")]
 ANSWERS = {201, 400, 409, 415, 422}
@@ -53,7 +53,7 @@ def test_plain_view_never_500(user, key, body, content_type, query):
 @SETTINGS
 @given(key=keys, body=bodies, content_type=content_types, query=queries, extra=header_text)
 def test_jobs_api_never_500(user, key, body, content_type, query, extra):
-    before = Operation.objects.count()
+    before = Job.objects.count()
     response = client_for(user).generic(
         "POST",
         f"/api/jobs/?{query}",
@@ -65,4 +65,4 @@ def test_jobs_api_never_500(user, key, body, content_type, query, extra):
     assert response.status_code in ANSWERS, response.content
     if response.status_code >= 400:
         assert response["Content-Type"] == "application/problem+json"
-    assert Operation.objects.count() - before <= 1
+    assert Job.objects.count() - before <= 1

@@ -8,9 +8,9 @@ from django.middleware.csrf import _get_new_csrf_string
 from django.test import AsyncClient, Client
 from django.test.client import BOUNDARY, encode_multipart
 
+from eventbus.models import Job
 from idempotency.adapters import django as django_adapter
 from idempotency.adapters import installed
-from idempotency.models import Operation
 
 from . import views
 
@@ -89,7 +89,7 @@ def test_jobs_api_accepts_a_session_form_post_with_a_key(user):
         "/api/jobs/", {"domain": "scan"}, HTTP_X_CSRFTOKEN=token, HTTP_IDEMPOTENCY_KEY="form-job"
     )
     assert again["Idempotent-Replayed"] == "true"
-    assert Operation.objects.count() == 1
+    assert Job.objects.count() == 1
 
 
 def test_multipart_retry_with_a_new_boundary_is_the_same_request(client_for, user):
@@ -214,4 +214,4 @@ def test_a_browsers_keyed_json_post_with_its_session_and_csrf_token_runs_once(us
     again = client.post("/api/jobs/", body, content_type="application/json", **headers)
     assert again.status_code == 201 and again["Idempotent-Replayed"] == "true"
     assert again.json()["job_id"] == first.json()["job_id"]
-    assert Operation.objects.count() == 1
+    assert Job.objects.count() == 1

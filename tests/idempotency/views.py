@@ -18,9 +18,9 @@ from rest_framework.decorators import action, api_view
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from eventbus.models import Job
 from idempotency.decorators import idempotency_key
 from idempotency.jsontext import nested_deeper_than
-from idempotency.models import Operation
 from tests.postgres import kill_own_backend
 
 CALLS: Counter[str] = Counter()
@@ -92,14 +92,14 @@ def streaming(request):
 @idempotency_key("required", atomic=True, lease_seconds=1)
 @csrf_exempt
 def atomic_effect(request):
-    """Creates an Operation (an effect in the DB), then fails on ?fail=1 or blocks on a gate."""
-    Operation.objects.create(scope="test", idem_key=uuid.uuid4().hex, domain="scan", event_type="effect")
+    """Creates a Job (an effect in the DB), then fails on ?fail=1 or blocks on a gate."""
+    Job.objects.create(scope="test", idem_key=uuid.uuid4().hex, domain="scan", event_type="effect")
     n = executed("atomic")
     wait_at_gate(request)
     if request.GET.get("kill") in KILLS:
         KILLS.discard(request.GET["kill"])
         kill_own_backend()
-        Operation.objects.count()  # the connection is gone: OperationalError
+        Job.objects.count()  # the connection is gone: OperationalError
     if request.GET.get("fail"):
         raise RuntimeError("fails after its effect")
     if request.GET.get("status"):
@@ -111,7 +111,7 @@ def atomic_effect(request):
 @csrf_exempt
 def plain_effect(request):
     """Not marked atomic: only ATOMIC_REQUESTS puts it in a transaction."""
-    Operation.objects.create(scope="test", idem_key=uuid.uuid4().hex, domain="scan", event_type="effect")
+    Job.objects.create(scope="test", idem_key=uuid.uuid4().hex, domain="scan", event_type="effect")
     return JsonResponse({"n": executed("plain-effect")}, status=201)
 
 
@@ -209,7 +209,7 @@ def save_note(request):
     form = NoteForm(request.POST)
     if not form.is_valid():
         return HttpResponse(status=400)
-    note = Operation.objects.create(
+    note = Job.objects.create(
         scope="notes", idem_key=uuid.uuid4().hex, domain="scan", event_type="note", payload=form.cleaned_data
     )
     executed("note")

@@ -12,9 +12,10 @@ from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from eventbus import lifecycle
 from eventbus.exceptions import JobServiceError
-from eventbus.services import jobs_to_retry, retry_job, retry_key
+from eventbus.models import Job
+from eventbus.selectors import jobs_to_retry
+from eventbus.services import retry_job, retry_key
 
 _AGO = re.compile(r"^(\d+)([mhd])$")
 _UNITS = {"m": "minutes", "h": "hours", "d": "days"}
@@ -41,7 +42,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--state",
             action="append",
-            choices=[str(state) for state in lifecycle.RETRYABLE_STATES],
+            choices=[str(state) for state in Job.RETRYABLE_STATES],
             help="The jobs' state (repeat for several; default FAILED).",
         )
         parser.add_argument("--domain", help="Only jobs of this type.")
@@ -55,16 +56,16 @@ class Command(BaseCommand):
         jobs = list(jobs_to_retry(states=state or ["FAILED"], domain=domain, since=since)[:limit])
         retried = 0
         for job in jobs:
-            what = f"{job.op_id} ({job.domain}, {job.state}, ended {job.completed_at:%Y-%m-%d %H:%M:%S})"
+            what = f"{job.id} ({job.domain}, {job.state}, ended {job.completed_at:%Y-%m-%d %H:%M:%S})"
             if dry_run:
                 self.stdout.write(f"would retry {what}")
                 continue
             try:
-                new, created = retry_job(job.op_id, key=retry_key(job))
+                new, created = retry_job(job.id, key=retry_key(job))
             except JobServiceError as exc:  # the running cap: the next run retries it
                 self.stderr.write(f"not retried {what}: {exc}")
                 continue
             retried += created
-            self.stdout.write(f"{'retried' if created else 'retried before'} {what} -> {new.op_id}")
+            self.stdout.write(f"{'retried' if created else 'retried before'} {what} -> {new.id}")
         verb = "would retry" if dry_run else "retried"
         self.stdout.write(f"{verb} {len(jobs) if dry_run else retried} of {len(jobs)} job(s).")

@@ -1,3 +1,5 @@
+"""sweep_jobs: no accepted job stays stranded (eventbus.sweep's Sweeper, every --interval seconds)."""
+
 from django.core.management.base import BaseCommand
 
 from eventbus.sweep import Sweeper
@@ -7,7 +9,7 @@ from ._options import add_loop_options
 
 class Command(BaseCommand):
     help = (
-        "Enqueue the jobs of operations accepted while the broker was unreachable (PENDING, never "
+        "Enqueue the jobs accepted while the broker was unreachable (PENDING, never "
         "enqueued), and again those whose run was lost (EVENTBUS['RECOVER_AFTER']); time out those "
         "past their deadline. Runs every --interval seconds until SIGTERM/SIGINT."
     )
@@ -20,7 +22,7 @@ class Command(BaseCommand):
             type=float,
             default=30,
             dest="older_than",
-            help="Only operations accepted at least this many seconds ago (default 30).",
+            help="Only jobs accepted at least this many seconds ago (default 30).",
         )
 
     def handle(self, *args, burst, interval, older_than, metrics_port, metrics_addr, **options):
@@ -28,4 +30,4 @@ class Command(BaseCommand):
 
         metrics.serve(metrics_port, metrics_addr)
         enqueued = Sweeper(interval=interval, older_than_seconds=older_than, burst=burst).run()
-        self.stdout.write(f"Enqueued {enqueued} operation(s).")
+        self.stdout.write(f"Enqueued {enqueued} job(s).")

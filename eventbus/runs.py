@@ -1,4 +1,4 @@
-"""Jobs: run an accepted Operation once (the service behind the run_job task, eventbus.tasks).
+"""Runs: run an accepted Job once (the service behind the run_job task, eventbus.tasks).
 
 Delivery is at least once (acks_late, reject_on_worker_lost, the sweep), so a job's task can
 arrive twice or run again after a crash. The run is made safe to repeat three ways:
@@ -28,19 +28,17 @@ import redis
 from django.db import InterfaceError, OperationalError
 from redis.exceptions import LockError
 
-from idempotency.models import Operation
-
-from . import cancellation, lifecycle
+from . import cancellation, jobtypes, lifecycle
 from .conf import eventbus_settings
-from .jobtypes import JobCancelled, JobFailed, JobType, UnknownDomain, UnknownJobType, job_type
+from .jobtypes import JobCancelled, JobFailed, JobType, UnknownDomain, UnknownJobType
 from .keys import JobKeys
-from .models import StageRecord
+from .models import Job, StageRecord
 from .redis import get_redis
 from .stages import DeadlinePassed, RunStopped, StageRetry, failure_of, publish_final, run_stages
 
 logger = logging.getLogger(__name__)
 
-State = Operation.State
+State = Job.State
 
 # Worth another attempt later rather than failing the job: Redis or the database went away.
 TRANSIENT_ERRORS = (redis.ConnectionError, redis.TimeoutError, OperationalError, InterfaceError)
@@ -69,11 +67,11 @@ class RunLease:
     min_seconds = 5.0
     stage_multiple = 3
 
-    def __init__(self, operation: Operation, *, client=None):
-        job_id = str(operation.op_id)
+    def __init__(self, job: Job, *, client=None):
+        job_id = str(job.id)
         self.client = client or get_redis()
         self.seconds = max(self.min_seconds, self.stage_multiple * eventbus_settings.STAGE_SECONDS)
-        self.key = f"{JobKeys(operation.domain, job_id).tag}:run-lease:{job_id}"
+        self.key = f"{JobKeys(job.domain, job_id).tag}:run-lease:{job_id}"
         self.lock = self.client.lock(self.key, timeout=self.seconds, blocking=False, thread_local=False)
 
     def acquire(self) -> bool:
@@ -128,42 +126,42 @@ def run(job_id: str, *, fail_on_transient: bool = True) -> str:
     one of TRANSIENT_ERRORS when Redis or the database failed and `fail_on_transient` is false
     (the task retries; on its last attempt the job fails instead).
     """
-    operation = lifecycle.get(job_id)
-    if operation is None:
-        logger.warning("Job %s: no such operation, nothing to run", job_id)
+    job = lifecycle.get(job_id)
+    if job is None:
+        logger.warning("Job %s: no such job, nothing to run", job_id)
         return "missing"
-    if lifecycle.is_final(operation):
-        logger.info("Job %s is %s already; not run again", job_id, operation.state)
+    if lifecycle.is_final(job):
+        logger.info("Job %s is %s already; not run again", job_id, job.state)
         return "skipped"
     try:
-        job = job_type(operation.domain)()
-        lease = RunLease(operation)
+        job_type = jobtypes.job_type(job.domain)()
+        lease = RunLease(job)
     except (UnknownJobType, UnknownDomain) as exc:
         logger.error("Job %s failed: %s", job_id, exc)
-        return _conclude(operation, None, State.FAILED, error=failure_of(exc))
+        return _conclude(job, None, State.FAILED, error=failure_of(exc))
     if not lease.acquire():
         raise JobBusy(job_id, lease.retry_in())
     try:
-        was = operation.state
+        was = job.state
         # Started before anything is published: a job cancelled before it started (PENDING ->
         # CANCELLED, by cancel_job) is never run, and once RUNNING only its run ends it. It
         # reads the state again, with the lease held: its previous holder may have ended it.
-        if not lifecycle.start(operation):
+        if not lifecycle.start(job):
             return "skipped"
-        if lifecycle.past_deadline(operation):
-            return _conclude(operation, job, State.TIMED_OUT)
-        logger.info("Job %s running (%s, was %s)", job_id, operation.domain, was)
-        return _run_stages(operation, job, lease)
+        if lifecycle.past_deadline(job):
+            return _conclude(job, job_type, State.TIMED_OUT)
+        logger.info("Job %s running (%s, was %s)", job_id, job.domain, was)
+        return _run_stages(job, job_type, lease)
     except DeadlinePassed:
-        return _conclude(operation, job, State.TIMED_OUT)
+        return _conclude(job, job_type, State.TIMED_OUT)
     except JobCancelled as cancelled:
         logger.info("Job %s: %s", job_id, cancelled)
-        return _conclude(operation, job, State.CANCELLED)
+        return _conclude(job, job_type, State.CANCELLED)
     except StageRetry:
         raise
     except JobFailed as failure:
         logger.warning("Job %s failed: %s", job_id, failure.reason)
-        return _conclude(operation, job, State.FAILED, **failure.data, error=failure_of(failure))
+        return _conclude(job, job_type, State.FAILED, **failure.data, error=failure_of(failure))
     except RunLeaseLost as exc:
         logger.warning("Job %s: %s; its new run finishes it", job_id, exc)
         return "lease_lost"
@@ -172,62 +170,60 @@ def run(job_id: str, *, fail_on_transient: bool = True) -> str:
             logger.warning("Job %s interrupted (%s: %s); it will be retried", job_id, type(exc).__name__, exc)
             raise
         logger.exception("Job %s failed: %s, retries exhausted", job_id, type(exc).__name__)
-        return _conclude(operation, job, State.FAILED, error=failure_of(exc))
+        return _conclude(job, job_type, State.FAILED, error=failure_of(exc))
     except Exception as exc:
         logger.exception("Job %s failed: %s: %s", job_id, type(exc).__name__, exc)
-        return _conclude(operation, job, State.FAILED, error=failure_of(exc))
+        return _conclude(job, job_type, State.FAILED, error=failure_of(exc))
     finally:
         lease.release()
 
 
-def _run_stages(operation: Operation, job: JobType, lease: RunLease) -> str:
+def _run_stages(job: Job, job_type: JobType, lease: RunLease) -> str:
     def after_event() -> None:
         lease.renew()
-        if lifecycle.past_deadline(operation):
+        if lifecycle.past_deadline(job):
             raise DeadlinePassed()
 
     with lease.kept_alive():  # a stage may run longer than the lease between two events
         results = run_stages(
-            operation,
             job,
+            job_type,
             after_event=after_event,
-            is_cancelled=lambda: cancellation.requested(operation),
-            root_id=lifecycle.chain_root_id(operation),
+            is_cancelled=lambda: cancellation.requested(job),
+            root_id=lifecycle.chain_root_id(job),
         )
-        outcome = job.outcome(results) or {}
-        publish_final(operation, job, State.COMPLETED, **outcome)
+        outcome = job_type.outcome(results) or {}
+        publish_final(job, job_type, State.COMPLETED, **outcome)
     # The final event is out; only the database is left to tell.
-    return _record_end(operation, State.COMPLETED)
+    return _record_end(job, State.COMPLETED)
 
 
-def time_out(operation: Operation) -> str:
+def time_out(job: Job) -> str:
     """End a job past its deadline (the recovery's word for a job no run will finish)."""
     try:
-        job = job_type(operation.domain)()
+        job_type = jobtypes.job_type(job.domain)()
     except UnknownJobType:
-        job = None
+        job_type = None
     # PENDING -> RUNNING first: a cancel_job at this moment then only asks (it publishes the
     # final event of a PENDING job itself), so the job's one final event is this one.
-    if not lifecycle.start(operation):
+    if not lifecycle.start(job):
         return "skipped"
-    return _conclude(operation, job, State.TIMED_OUT)
+    return _conclude(job, job_type, State.TIMED_OUT)
 
 
-def _conclude(operation: Operation, job: JobType | None, state: str, **data) -> str:
+def _conclude(job: Job, job_type: JobType | None, state: str, **data) -> str:
     """End a job that did not complete: its final event (best effort; none when its type is
     unknown, as its seqs are), then its state."""
     try:
-        if job is not None:
-            publish_final(operation, job, state, **data)
+        if job_type is not None:
+            publish_final(job, job_type, state, **data)
     except Exception as exc:
-        logger.warning("Job %s: could not publish its final %s event: %r", operation.op_id, state, exc)
-    return _record_end(operation, state)
+        logger.warning("Job %s: could not publish its final %s event: %r", job.id, state, exc)
+    return _record_end(job, state)
 
 
-def _record_end(operation: Operation, state: str) -> str:
-    if lifecycle.end(operation, state) and state != State.COMPLETED:
+def _record_end(job: Job, state: str) -> str:
+    if lifecycle.end(job, state) and state != State.COMPLETED:
         # A retry that waited will not come: the stage is no longer RETRYING.
-        StageRecord.objects.filter(operation=operation, next_attempt_at__isnull=False).update(
-            next_attempt_at=None
-        )
+        StageRecord.objects.filter(job=job, next_attempt_at__isnull=False).update(next_attempt_at=None)
     return state
