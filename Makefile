@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.bench-installed
 
-.PHONY: run test lint setup redis browser bench bench-gateway bench-cluster bench-jobs chaos clean matrix test-newest smoke-newest
+.PHONY: run test lint docs setup redis browser bench bench-gateway bench-cluster bench-jobs chaos clean matrix test-newest smoke-newest
 
 $(STAMP): requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,10 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy .
+
+# The documentation site (docs/, Sphinx): warnings are errors, as in CI; the pages land in docs/_build/html.
+docs: setup
+	$(VENV)/bin/sphinx-build -W --keep-going -b html docs docs/_build/html
 
 fix: setup
 	$(VENV)/bin/ruff check --fix .

@@ -1,4 +1,4 @@
-"""The version matrix (SPEC §10; the README's "Supported versions" says which legs passed).
+"""The version matrix (SPEC §10; docs/reference/versions.md says which legs passed).
 
 Every leg runs the whole suite in a virtualenv of its own (`.nox/`), with the toolkit's declared
 dependencies as pip resolves them for that leg and the test tools of requirements-test.txt:

@@ -43,7 +43,7 @@ def free_port() -> int:
             return port
 
 
-# A durable store, as the event bus needs one (README, "Redis as a durable store"): every write
+# A durable store, as the event bus needs one (docs/design/durability.md, "Durability and recovery"): every write
 # in the append-only file, flushed every second, and never an evicted key (an evicted dedup key
 # silently lets a duplicate through).
 DURABLE_ARGS = ("--appendonly", "yes", "--appendfsync", "everysec", "--maxmemory-policy", "noeviction")

@@ -7,7 +7,7 @@ None turns it off. A throttled request gets a 429 problem with Retry-After. Whil
 unreachable, requests go through unthrottled (logged): the API keeps answering.
 
 Throttles count in the default cache, as DRF's do: a django-redis cache there should serialize
-with JSON, not its default pickle (see the README, "Production settings").
+with JSON, not its default pickle (see docs/howto/deploy.md, "Deploy beyond one machine").
 """
 
 from __future__ import annotations

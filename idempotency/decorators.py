@@ -70,12 +70,13 @@ def idempotent(
       - the name of the keyword argument whose value owns the key: a model instance (a user, a
         tenant...) scopes it as "<app_label>.<model>:<pk>", a str or int as itself; that
         argument is left out of the fingerprint (the scope holds it);
-      - a callable(*args, **kwargs) -> str;
+      - a ``callable(*args, **kwargs) -> str``;
       - GLOBAL: one keyspace for all callers, for keys unique by construction.
+
     key: the name of the keyword argument that carries the key (it is passed on to the
-    function and left out of the fingerprint), or a callable(*args, **kwargs) -> key.
+    function and left out of the fingerprint), or a ``callable(*args, **kwargs) -> key``.
     Raises IdempotencyKeyMismatch for other arguments under a used key and
-    IdempotencyInProgress while another call holds the key.
+    IdempotencyInProgress while another call holds the key::
 
         @idempotent(operation="charge", scope="customer")
         def charge(*, customer, invoice_id, amount, idempotency_key): ...

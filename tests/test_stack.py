@@ -1,7 +1,8 @@
 """`make run` as a new user meets it: `python -m config.stack` started for real in a directory of its
 own (RUN_DIR, a SQLite file, its private Redis, a free WEB_PORT). The token it prints works with
-the README's curl as written; /metrics shows every process's metrics; Ctrl-C, sent to the process
-group as a terminal sends it, stops everything cleanly, the private Redis last.
+the documented curl as written (the jobs API's page, docs/reference/http-api.md, and the README's
+quick start); /metrics shows every process's metrics; Ctrl-C, sent to the process group as a
+terminal sends it, stops everything cleanly, the private Redis last.
 
 Also /metrics against metrics files written by another process (a router), the multiprocess mode
 the stack runs in."""
@@ -185,7 +186,7 @@ def stack(tmp_path_factory):
 
 
 def token_of(stack) -> str:
-    """The token as the README says to get it."""
+    """The token as the documentation says to get it."""
     return stack.manage("ensure_demo_user", "--token").strip()
 
 
@@ -210,10 +211,13 @@ def start_job(stack, token: str) -> dict:
 
 
 def readme_example(stack) -> str:
-    """The shell block of the README's jobs API section, as written, for this stack's port."""
-    readme = (BASE_DIR / "README.md").read_text()
-    section = readme.split("## The jobs API", 1)[1]
-    block = found(r"```sh\n(.*?)```", section, re.S)
+    """The shell block of the jobs API's page (docs/reference/http-api.md), as written, for this
+    stack's port; the README's quick start shows the same block."""
+    page = (BASE_DIR / "docs" / "reference" / "http-api.md").read_text()
+    block = found(r"```sh\n(.*?)```", page, re.S)
+    assert block in (BASE_DIR / "README.md").read_text(), (
+        "the README's quick start differs from the jobs API's page"
+    )
     block = block.replace(".venv/bin/python", sys.executable)  # the virtualenv this test runs in
     return block.replace("127.0.0.1:8000", f"127.0.0.1:{stack.port}")
 
@@ -230,13 +234,13 @@ def metric_sum(text: str, name: str, labels: str = "") -> float:
 
 @pytest.mark.make_run
 def test_the_readme_token_and_curl_work_as_written(stack):
-    assert shutil.which("curl"), "The README's example runs curl: apt-get install curl"
+    assert shutil.which("curl"), "The documented example runs curl: apt-get install curl"
     token = token_of(stack)
     assert re.fullmatch(r"[0-9a-f]{40}", token), token
     assert f"API token: {token}" in stack.log()  # the banner shows the same one
     example = readme_example(stack)
 
-    def run():  # the README's commands, in a shell, plus the answer's status and headers
+    def run():  # the documented commands, in a shell, plus the answer's status and headers
         done = subprocess.run(
             ["bash", "-ec", example.rstrip() + " -sS -i"],
             cwd=BASE_DIR,
@@ -329,7 +333,7 @@ def test_metrics_show_every_process(stack):
         scraped, timeout=30, interval=0.2, message="every process's metrics"
     )
     assert published >= 5 and applied >= 5 and misses >= 1
-    assert ended >= 1 and posts >= 1 and stages >= 2  # the README test may have started a job too
+    assert ended >= 1 and posts >= 1 and stages >= 2  # the documented curl's test may have started a job too
 
 
 @pytest.mark.make_run

@@ -1,0 +1,84 @@
+"""The README and the documentation site's pages, read as files (no server, no Sphinx build: `make
+docs` builds the site, with warnings as errors): the README stays short, every relative link
+leads to a file that exists, and every block of the tutorial is one the smoke test runs
+(`make smoke`, tests/smoke/smoke.py)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+DOCS = BASE_DIR / "docs"
+PAGES = sorted(path for path in DOCS.rglob("*.md") if "_build" not in path.parts)
+FENCED = re.compile(r"^(```|~~~).*?^\1[ \t]*$", re.MULTILINE | re.DOTALL)
+LINK = re.compile(r"\]\(([^)\s]+)\)")  # [text](target)
+INCLUDE = re.compile(r"^```\{(?:include|literalinclude)\}\s+(\S+)", re.MULTILINE)
+SMOKE_TAG = re.compile(r"<!-- smoke: [^>]+ -->\s*\n$")
+
+
+def links(path: Path) -> list[str]:
+    """The link targets of a Markdown file, outside its fenced blocks."""
+    return LINK.findall(FENCED.sub("", path.read_text()))
+
+
+def test_the_docs_exist():
+    names = {path.relative_to(DOCS).as_posix() for path in PAGES}
+    assert {"index.md", "tutorial.md", "changelog.md"} <= names
+    assert {"howto", "reference", "design"} <= {name.split("/")[0] for name in names}
+
+
+def test_the_readme_is_at_most_300_lines():
+    lines = (BASE_DIR / "README.md").read_text().splitlines()
+    assert len(lines) <= 300, f"README.md has {len(lines)} lines: move the detail into docs/"
+
+
+def broken_links(path: Path) -> list[str]:
+    """The relative links of a Markdown file whose file does not exist."""
+    broken = []
+    for target in links(path):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
+            continue  # another site (https:, mailto:), or a heading of the same page
+        if not (path.parent / target.split("#", 1)[0]).exists():
+            broken.append(target)
+    return broken
+
+
+@pytest.mark.parametrize("path", [BASE_DIR / "README.md", *PAGES], ids=lambda p: str(p.relative_to(BASE_DIR)))
+def test_every_relative_link_leads_to_a_file(path):
+    broken = broken_links(path)
+    assert not broken, f"{path.name} links to files that do not exist: {broken}"
+
+
+def test_a_link_to_a_missing_file_is_found(tmp_path):
+    """The check above can fail; links inside code blocks are code, not links."""
+    (tmp_path / "there.md").write_text("# There\n")
+    page = tmp_path / "page.md"
+    page.write_text(
+        "[a](missing.md#x) [b](there.md#there) [c](https://example.com) [d](#here)\n"
+        "```\n[e](in-code.md)\n```\n"
+    )
+    assert broken_links(page) == ["missing.md#x"]
+
+
+@pytest.mark.parametrize("path", PAGES, ids=lambda p: str(p.relative_to(BASE_DIR)))
+def test_every_included_file_exists(path):
+    missing = [target for target in INCLUDE.findall(path.read_text()) if not (path.parent / target).exists()]
+    assert not missing, f"{path.name} includes files that do not exist: {missing}"
+
+
+def test_every_block_of_the_tutorial_is_tagged_for_the_smoke_test():
+    text = (DOCS / "tutorial.md").read_text()
+    blocks = list(FENCED.finditer(text))
+    assert len(blocks) >= 10
+    untagged = [
+        block.group(0).splitlines()[1] for block in blocks if not SMOKE_TAG.search(text[: block.start()])
+    ]
+    assert not untagged, f"blocks of docs/tutorial.md without a <!-- smoke: ... --> tag above: {untagged}"
+    # The tags the smoke test knows (tests/smoke/smoke.py runs each).
+    tags = re.findall(r"<!-- smoke: ([^>]+?) -->", text)
+    kinds = {tag.split()[0] for tag in tags}
+    assert kinds <= {"install", "write", "append", "sh", "run"}, kinds
+    assert tags.count("install") == 1 and "run development" in tags and "run production" in tags
