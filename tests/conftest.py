@@ -97,7 +97,9 @@ def pytest_collection_modifyitems(items):
     and stack tests then start at once on workers of their own while the short ones fill the
     others, instead of starting last on one worker. A module's tests stay together (their
     module-scoped fixtures start once), and within a tier pytest-django's order stays."""
-    on_postgresql = os.environ.get("DATABASE_URL", "").startswith("postgres")
+    from django.db import connection
+
+    on_postgresql = connection.vendor == "postgresql"
     for item in items:
         for name in item.fixturenames:
             for marker in NEEDS.get(name, ()):

@@ -151,11 +151,9 @@ def test_expired_lease_is_taken_over_and_stale_completion_is_refused(user, dead_
     assert IdempotencyRecord.objects.get(key="slow").state == "COMPLETED"
 
 
-@pytest.mark.skipif(
-    connection.vendor == "sqlite",
-    reason="SQLite holds one write lock for a whole transaction: no retry can take a key over while an "
-    "atomic view runs, so this race exists only on a server database",
-)
+# SQLite holds one write lock for a whole transaction: no retry can take a key over while an
+# atomic view runs, so this race exists only on a server database.
+@pytest.mark.postgres
 def test_atomic_view_that_lost_its_lease_rolls_back(user, dead_heartbeat, durable_leases):
     stalled = StalledRequest(user, "/t/atomic/?gate=g", "atomic-slow", "atomic")
     time.sleep(1.1)  # let the stalled request's lease expire
