@@ -1,11 +1,8 @@
 """One behaviour suite, run against every store (as django.contrib.sessions tests do)."""
 
-from datetime import timedelta
-
 import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
-from django.utils import timezone
 
 from idempotency.models import IdempotencyRecord
 from idempotency.responses import StoredResponse
@@ -13,19 +10,10 @@ from idempotency.stores.base import Outcome
 from idempotency.stores.cached import CachedStore
 from idempotency.stores.db import DatabaseStore
 
+from .conftest import Clock
+
 pytestmark = pytest.mark.django_db
 ANSWER = StoredResponse(201, (("Content-Type", "application/json"),), b'{"ok": true}')
-
-
-class Clock:
-    def __init__(self):
-        self.t = timezone.now()
-
-    def __call__(self):
-        return self.t
-
-    def advance(self, seconds):
-        self.t += timedelta(seconds=seconds)
 
 
 @pytest.fixture(
