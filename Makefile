@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.bench-installed
 
-.PHONY: run test lint docs setup redis browser bench bench-gateway bench-cluster bench-jobs chaos clean matrix test-newest smoke-newest
+.PHONY: run test test-fast lint docs setup redis browser bench bench-gateway bench-cluster bench-jobs chaos clean matrix test-newest smoke-newest
 
 $(STAMP): requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -42,8 +42,19 @@ browser:
 run: setup
 	$(PY) -m config.stack
 
+# The whole suite, its tiers on TEST_WORKERS processes at once (pytest-xdist; tests/conftest.py
+# starts the longest first and keeps a module's shared fixture on one worker). Most of its time is
+# spent waiting on servers, workers and browsers, so there are more workers than cores.
+TEST_WORKERS ?= 4
+PARALLEL := PYTEST_ADDOPTS="-n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ADDOPTS)"
+
 test: setup browser
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PARALLEL) $(PY) -m pytest $(PYTEST_ARGS)
+
+# The fast tier, for the inner loop: the tests that need neither Redis nor any process of their
+# own (pyproject.toml's markers), in this one process. Under a minute.
+test-fast: setup
+	$(PY) -m pytest -m "not redis" $(PYTEST_ARGS)
 
 # ruff (lint and format) and mypy, clean on the whole tree; `make fix` applies ruff's fixes.
 lint: setup
@@ -97,12 +108,12 @@ smoke: setup
 # smoke test on the newest releases. Run before each release; about two hours on 2 cores.
 # One leg: make matrix NOX_ARGS='-s "tests(py3.13-django6.1)"'.
 matrix: setup browser
-	$(VENV)/bin/nox $(NOX_ARGS)
+	$(PARALLEL) $(VENV)/bin/nox $(NOX_ARGS)
 
 # The legs .ci/run adds to `make test`: the suite on the newest Django and Python with the newest
 # releases in range (deprecations are errors there), and the smoke test on the same.
 test-newest: setup browser
-	$(VENV)/bin/nox -s "tests(py3.13-django6.1)" -- $(PYTEST_ARGS)
+	$(PARALLEL) $(VENV)/bin/nox -s "tests(py3.13-django6.1)" -- $(PYTEST_ARGS)
 
 smoke-newest: setup
 	$(VENV)/bin/nox -s smoke

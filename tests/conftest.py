@@ -1,6 +1,17 @@
-"""Test-suite fixtures. A private redis-server, with a password of its own, runs for the whole
-session (REDIS_URL, when set, points at an external one instead) and every Redis-using setting is
-pointed at it."""
+"""Test-suite fixtures, and the tiers (pyproject.toml's markers).
+
+A test says what it needs by its markers: `redis` (the private redis-server), `processes`
+(a Celery worker, a router, a server: tests/processes.py), `cluster`, `sentinel`, `browser`,
+`stack` (`make run`'s whole stack), `chaos`, `postgres`. The fixtures that bring such a thing
+mark the tests that use them (NEEDS below), so most tests never name one. A test with none of
+them is in the fast tier (`make test-fast`): it gets no Redis at all (REDIS_URL names a closed
+port, the cache is in memory), and there a subprocess is refused, so a test that needs more
+than it says fails instead of passing by luck.
+
+The private redis-server, with a password of its own, starts on the first test that needs it and
+runs for the rest of the session (REDIS_URL, when set, points at an external one instead); every
+Redis-using setting is pointed at it for the tests that need it.
+"""
 
 import os
 from pathlib import Path
@@ -51,6 +62,110 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line("adapters: " + ", ".join(f"{name}={path}" for name, path in used.items()))
 
 
+# What a test can need beyond Python and the database, as pyproject.toml's markers name it. Each
+# of these but `postgres` brings the private Redis too (the processes, the stack and the chaos
+# run on it; the cluster and Sentinel tests keep it for the cache and the broker).
+NEEDS_REDIS = ("redis", "processes", "cluster", "sentinel", "browser", "stack", "chaos")
+
+# The fixtures that bring one of them: a test using one (directly or through another fixture) is
+# marked so, without saying it itself.
+NEEDS = {
+    "private_redis": ("redis",),
+    "redis_url": ("redis",),
+    "redis_client": ("redis",),
+    "broker": ("redis",),
+    "redis_cluster_nodes": ("cluster",),
+    "own_cluster": ("cluster",),
+    "replicated_cluster": ("cluster",),
+    "sentinel_group": ("sentinel",),
+    "browser": ("browser",),
+}
+
+# The tiers by how long their tests take, the longest first.
+SLOWEST_FIRST = ("chaos", "stack", "fuzz", "sentinel", "browser", "processes", "cluster", "redis")
+
+# Where a test without Redis is pointed: port 9 (discard), on which nothing listens, so a test
+# that uses Redis without saying so is refused at once instead of reaching some other server.
+NO_REDIS = "redis://127.0.0.1:9/0"
+NO_REDIS_CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(items):
+    """Before the other plugins' turn: each test marked with what its fixtures need (-m then
+    selects by it). After it: the longest first. With -n (pytest-xdist), the minutes-long chaos
+    and stack tests then start at once on workers of their own while the short ones fill the
+    others, instead of starting last on one worker. A module's tests stay together (their
+    module-scoped fixtures start once), and within a tier pytest-django's order stays."""
+    from django.db import connection
+
+    on_postgresql = connection.vendor == "postgresql"
+    for item in items:
+        for name in item.fixturenames:
+            for marker in NEEDS.get(name, ()):
+                item.add_marker(marker)
+        if any(item.get_closest_marker(name) for name in NEEDS_REDIS):
+            item.add_marker("redis")  # the fast tier is -m "not redis"
+        if module_scoped(item):
+            # -n --dist loadgroup (make test) runs them on one worker: one module fixture, not one a worker.
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+        if item.get_closest_marker("postgres") and not on_postgresql:
+            item.add_marker(pytest.mark.skip(reason="needs PostgreSQL: the suite's PostgreSQL leg runs it"))
+    yield
+    first: dict = {}
+    for item in items:
+        weight = next(
+            (i for i, name in enumerate(SLOWEST_FIRST) if item.get_closest_marker(name)), len(SLOWEST_FIRST)
+        )
+        first[item.module] = min(weight, first.get(item.module, weight))
+    items.sort(key=lambda item: first[item.module])
+
+
+def module_scoped(item) -> bool:
+    """Whether the test uses a fixture that starts once per module (a stack, a set of servers)."""
+    fixtures = getattr(item, "_fixtureinfo", None)
+    if fixtures is None:
+        return False
+    return any(d.scope == "module" for defs in fixtures.name2fixturedefs.values() for d in defs)
+
+
+def needs_redis(item) -> bool:
+    return item.get_closest_marker("redis") is not None
+
+
+def refuse_subprocess(*args, **kwargs):
+    raise RuntimeError(
+        "A test without a tier marker started a subprocess: mark it with what it needs"
+        " (@pytest.mark.processes, redis, ...: pyproject.toml's markers)"
+    )
+
+
+@pytest.fixture(autouse=True)
+def tier(request, monkeypatch):
+    """A marked test gets the private Redis; an unmarked one gets no Redis and no subprocess."""
+    if needs_redis(request.node):
+        request.getfixturevalue("redis_url")
+        from django.core.cache import cache
+
+        cache.clear()  # cached idempotent replays outlive a test's database rollback
+        yield
+        return
+    import subprocess
+
+    from django.conf import settings
+
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse_subprocess)
+    # The toolkit's default store (the demo's CachedStore keeps replays in Redis: its tests are `redis`).
+    idempotency = {**settings.IDEMPOTENCY, "STORE": "idempotency.stores.db.DatabaseStore"}
+    with override_settings(
+        REDIS_URL=NO_REDIS, CACHES=NO_REDIS_CACHES, CELERY_BROKER_URL=NO_REDIS, IDEMPOTENCY=idempotency
+    ):
+        from django.core.cache import cache
+
+        cache.clear()
+        yield
+
+
 @pytest.fixture(scope="session")
 def private_redis():
     """The session's private server (None when REDIS_URL names one of yours)."""
@@ -66,20 +181,14 @@ def private_redis():
         del os.environ["REDIS_URL"]
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="session")
 def redis_url(private_redis):
+    """The private Redis's URL, and the settings pointed at it from the first test that needs it
+    to the end of the session (the tests without Redis override them again, test by test)."""
     url = os.environ["REDIS_URL"]
     caches = {"default": redis_cache(url, "test-cache")}
     with override_settings(REDIS_URL=url, CACHES=caches, CELERY_BROKER_URL=url):
         yield url
-
-
-@pytest.fixture(autouse=True)
-def fresh_cache(redis_url):
-    """Cached idempotent replays outlive a test's database rollback: start every test without them."""
-    from django.core.cache import cache
-
-    cache.clear()
 
 
 @pytest.fixture

@@ -292,6 +292,7 @@ def test_every_name_of_an_apps_api_resolves_to_where_it_is_defined(app):
         package.nothing  # noqa: B018
 
 
+@pytest.mark.processes
 def test_importing_the_apps_loads_nothing_else_before_django_is_set_up():
     """Django imports the app packages (INSTALLED_APPS) before its app registry is ready, and a
     settings module may import them: no models, settings, Redis client or other module of ours."""

@@ -19,6 +19,8 @@ from config.redis_server_check import (
 )
 from tests.processes import wait_for
 
+pytestmark = pytest.mark.redis
+
 
 def test_free_ports_are_never_handed_out_twice():
     ports = [free_port() for _ in range(500)]

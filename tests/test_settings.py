@@ -12,6 +12,8 @@ import pytest
 
 from tests.processes import BASE_DIR
 
+pytestmark = pytest.mark.processes
+
 PRODUCTION = {"ALLOWED_HOSTS": "example.com"}
 HTTPS_SETTINGS = (
     "SECURE_SSL_REDIRECT",

@@ -232,7 +232,7 @@ def metric_sum(text: str, name: str, labels: str = "") -> float:
     return sum(float(v) for v in re.findall(pattern, text, re.M))
 
 
-@pytest.mark.make_run
+@pytest.mark.stack
 def test_the_readme_token_and_curl_work_as_written(stack):
     assert shutil.which("curl"), "The documented example runs curl: apt-get install curl"
     token = token_of(stack)
@@ -261,7 +261,7 @@ def test_the_readme_token_and_curl_work_as_written(stack):
     assert again == job
 
 
-@pytest.mark.make_run
+@pytest.mark.stack
 def test_the_banners_commands_work_and_it_shows_no_password(stack):
     """The banner's curl starts a job as printed, its detail URL shows it; the private Redis wants
     the password the banner masks, which is nowhere in the output."""
@@ -304,7 +304,7 @@ def test_the_banner_masks_the_redis_password_and_names_the_virtualenvs_python(tm
     assert "s3cret-pw" not in external and "rediss://app:***@redis.example.com:6380/0" in external
 
 
-@pytest.mark.make_run
+@pytest.mark.stack
 def test_metrics_show_every_process(stack):
     token = drf_token(stack)
     job = start_job(stack, token)
@@ -336,7 +336,7 @@ def test_metrics_show_every_process(stack):
     assert ended >= 1 and posts >= 1 and stages >= 2  # the documented curl's test may have started a job too
 
 
-@pytest.mark.make_run
+@pytest.mark.stack
 def test_ctrl_c_stops_every_process_cleanly_and_redis_last(stack):
     redis_port = stack.redis_port()
     # A job in hand when Ctrl-C comes: the worker finishes it before it stops.
@@ -424,7 +424,7 @@ def completes_after_restart(stack, job_id: str, token: str) -> None:
     assert json.loads(events.strip().splitlines()[-1]) == SCAN_EVENTS
 
 
-@pytest.mark.make_run
+@pytest.mark.stack
 def test_a_job_cut_short_by_ctrl_c_twice_completes_at_the_next_make_run(own_stack):
     job_id, token = cut_short(own_stack)
     own_stack.interrupt()  # Ctrl-C: the worker would finish the job first...
@@ -434,7 +434,7 @@ def test_a_job_cut_short_by_ctrl_c_twice_completes_at_the_next_make_run(own_stac
     completes_after_restart(own_stack, job_id, token)
 
 
-@pytest.mark.make_run
+@pytest.mark.stack
 def test_a_job_cut_short_by_a_power_cut_completes_after_the_redis_data_is_gone(own_stack):
     job_id, token = cut_short(own_stack)
     own_stack.power_cut()

@@ -17,7 +17,7 @@ from tests.conftest import skip_without_cluster_client
 
 from .harness import ChaosConfig, run_chaos
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.chaos, pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
 
 
 @pytest.mark.parametrize(

@@ -104,7 +104,9 @@ def test_the_processes_refuse_a_cluster_master_older_than_redis_7(cluster):
         check_cluster_version(OldServers(), process="router")
 
 
-def test_scripts_are_loaded_again_on_every_master_after_a_flush(cluster, redis_cluster_nodes):
+def test_scripts_are_loaded_again_on_every_master_after_a_flush(cluster, redis_cluster_nodes, db):
+    """(`db`: a reclaimer pass that fails and is retried closes stale database connections first,
+    as its loop does in production.)"""
     import redis
 
     publish_event("scan", "warm", "vision", 10, {})

@@ -63,6 +63,7 @@ def test_an_unreachable_server_is_not_a_crash_at_start(settings):
     assert check_durability(unreachable, process="gateway") == []
 
 
+@pytest.mark.redis
 def test_make_runs_redis_keeps_its_data_across_a_restart(tmp_path):
     server = RedisServer(data_dir=tmp_path, durable=True).start()
     port = server.port

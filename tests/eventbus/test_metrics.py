@@ -161,6 +161,7 @@ def test_http_requests_are_counted_by_their_url_patterns_name_never_their_path(a
     assert "job-cancel" in views and not any("/" in view for view in views), views
 
 
+@pytest.mark.processes
 def test_a_scrape_without_the_database_serves_the_other_metrics(db):
     """The database refuses connections (a real one: nothing listens on the port): the jobs in
     flight are left out of that scrape, with a warning, and the rest is served."""

@@ -190,6 +190,7 @@ def test_metrics_count_published_and_duplicate_events(redis_client):
     assert sample("eventbus_duplicates_total", layer="L1") - duplicates == 1
 
 
+@pytest.mark.processes
 def test_importing_the_package_loads_neither_redis_nor_the_publisher():
     code = (
         "import sys, eventbus\n"

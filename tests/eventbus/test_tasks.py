@@ -15,7 +15,6 @@ from datetime import timedelta
 import pytest
 import redis
 from django.core.management import call_command
-from django.db import connection
 from django.utils import timezone
 
 from config.jobs import ScanJob
@@ -344,7 +343,7 @@ def test_sweeper_loops_until_stopped(broker, make_job, monkeypatch):
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.skipif(connection.vendor != "postgresql", reason="kills a PostgreSQL backend")
+@pytest.mark.postgres  # kills a PostgreSQL backend
 def test_sweeper_outlives_its_database_backend(broker, make_job, caplog):
     """Its backend killed (a failover, an administrator): the failed pass is logged, the next
     one runs on a new connection, rather than every pass after it failing on the dead one."""

@@ -17,7 +17,7 @@ from rest_framework.authtoken.models import Token
 
 from eventbus.models import Job
 
-pytestmark = [pytest.mark.fuzz, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.fuzz, pytest.mark.processes, pytest.mark.django_db(transaction=True)]
 
 MAX_EXAMPLES = 30
 # Every check but positive_data_acceptance: a schema-valid POST may rightly get a 422 (its

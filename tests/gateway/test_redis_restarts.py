@@ -32,7 +32,11 @@ from tests.processes import wait_for
 
 from .conftest import open_socket, publish_and_route
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("hub_closed")]
+pytestmark = [
+    pytest.mark.redis,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("hub_closed"),
+]
 
 STAGED = [("first", 10), ("second", 20), ("second", 21), ("third", 30), ("done", 51)]
 

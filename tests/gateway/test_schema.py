@@ -83,6 +83,7 @@ def test_the_schema_is_valid_openapi_without_a_warning(tmp_path):
     assert "/api/jobs/{job_id}/" in (tmp_path / "schema.yaml").read_text()
 
 
+@pytest.mark.processes
 def test_the_toolkit_works_without_drf_spectacular():
     """A project without drf-spectacular: the jobs API's views import and answer, undescribed."""
     script = textwrap.dedent(

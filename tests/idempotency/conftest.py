@@ -1,5 +1,8 @@
+from datetime import timedelta
+
 import pytest
 from django.test import Client
+from django.utils import timezone
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
@@ -46,3 +49,26 @@ def token_client_for():
         return client
 
     return make
+
+
+class Clock:
+    """A stopped clock for the stores (their `now`): a test moves it on instead of sleeping."""
+
+    def __init__(self):
+        self.t = timezone.now()
+
+    def __call__(self):
+        return self.t
+
+    def advance(self, seconds):
+        self.t += timedelta(seconds=seconds)
+
+
+@pytest.fixture
+def store_clock(monkeypatch):
+    """Every store's clock (BaseStore.now, which leases and expiries are measured by), stopped."""
+    from idempotency.stores.base import BaseStore
+
+    clock = Clock()
+    monkeypatch.setattr(BaseStore, "now", staticmethod(clock))
+    return clock

@@ -38,9 +38,7 @@ from tests.adapters import fresh_module
 from . import views
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.idempotency.urls")]
-postgresql_only = pytest.mark.skipif(
-    connection.vendor != "postgresql", reason="psycopg's path is PostgreSQL's"
-)
+postgresql_only = pytest.mark.postgres  # psycopg's path is PostgreSQL's
 
 # Each adapter: its module, its gate (distribution, [lowest, below): the declared and tested
 # range), and what it binds on each path.

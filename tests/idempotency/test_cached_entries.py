@@ -21,7 +21,11 @@ from idempotency.stores.cached import CachedStore
 
 from . import views
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.urls("tests.idempotency.urls")]
+pytestmark = [
+    pytest.mark.redis,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.urls("tests.idempotency.urls"),
+]
 CACHED = {"STORE": "idempotency.stores.cached.CachedStore"}
 LOGGER = "idempotency.stores.cached"
 

@@ -2,8 +2,8 @@
 
 import json
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 
 import pytest
 from django.db import close_old_connections, connection
@@ -128,12 +128,18 @@ def dead_heartbeat(settings):
     settings.IDEMPOTENCY = {"HEARTBEAT": False}
 
 
-def test_slow_live_request_keeps_its_key_past_its_lease(user):
-    """The heartbeat renews a running request's 1 s lease: a retry 2.5 s later is still told
-    to wait, the view runs once, and the retry then gets its answer."""
+def test_slow_live_request_keeps_its_key_past_its_lease(user, store_clock):
+    """The heartbeat renews a running request's 1 s lease: a retry 2.5 s later (on the stores'
+    clock) is still told to wait, the view runs once, and the retry then gets its answer."""
     stalled = StalledRequest(user, "/t/gated/?gate=g", "slow-live", "gated")
     for _ in range(5):
-        time.sleep(0.5)
+        store_clock.advance(0.5)
+        renewed = store_clock() + timedelta(seconds=1)  # the keeper renews at a third of the lease
+        wait_for(
+            lambda r=renewed: IdempotencyRecord.objects.get(key="slow-live").lease_expires_at == r,
+            timeout=10,
+            message="the lease renewed",
+        )
         busy = post_as(user, "/t/gated/?gate=g", "slow-live")
         assert busy.status_code == 409, busy.content
     assert stalled.release().status_code == 201
@@ -142,13 +148,13 @@ def test_slow_live_request_keeps_its_key_past_its_lease(user):
     assert views.CALLS["gated"] == 1
 
 
-def test_expired_lease_is_taken_over_and_stale_completion_is_refused(user, dead_heartbeat):
+def test_expired_lease_is_taken_over_and_stale_completion_is_refused(user, dead_heartbeat, store_clock):
     """A request stalls past its 1 s lease; a retry takes the key over and completes; the
     stale request's late completion does not overwrite the retry's answer."""
     stalled = StalledRequest(user, "/t/gated/?gate=g", "slow", "gated")
     busy = post_as(user, "/t/gated/?gate=g", "slow")
     assert busy.status_code == 409 and int(busy["Retry-After"]) >= 1
-    time.sleep(1.1)  # let the stalled request's lease expire
+    store_clock.advance(1.1)  # the stalled request's lease expires
     retry = post_as(user, "/t/gated/?gate=g", "slow")
     assert retry.status_code == 201 and retry.json()["n"] == 2
     assert stalled.release().json()["n"] == 1  # it ran; its answer is just not the stored one
@@ -157,14 +163,12 @@ def test_expired_lease_is_taken_over_and_stale_completion_is_refused(user, dead_
     assert IdempotencyRecord.objects.get(key="slow").state == "COMPLETED"
 
 
-@pytest.mark.skipif(
-    connection.vendor == "sqlite",
-    reason="SQLite holds one write lock for a whole transaction: no retry can take a key over while an "
-    "atomic view runs, so this race exists only on a server database",
-)
-def test_atomic_view_that_lost_its_lease_rolls_back(user, dead_heartbeat, durable_leases):
+# SQLite holds one write lock for a whole transaction: no retry can take a key over while an
+# atomic view runs, so this race exists only on a server database.
+@pytest.mark.postgres
+def test_atomic_view_that_lost_its_lease_rolls_back(user, dead_heartbeat, durable_leases, store_clock):
     stalled = StalledRequest(user, "/t/atomic/?gate=g", "atomic-slow", "atomic")
-    time.sleep(1.1)  # let the stalled request's lease expire
+    store_clock.advance(1.1)  # the stalled request's lease expires
     assert post_as(user, "/t/atomic/?gate=g", "atomic-slow").status_code == 201
     stale = stalled.release()
     assert stale.status_code == 409

@@ -4,7 +4,6 @@ problem with Retry-After, never a 500, and the retry with the same key executes 
 import time
 
 import pytest
-from django.db import connection
 from django.test import Client
 
 from eventbus.models import Job
@@ -17,10 +16,7 @@ from . import views
 pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.urls("tests.idempotency.urls"),
-    pytest.mark.skipif(
-        connection.vendor != "postgresql",
-        reason="kills a PostgreSQL backend (pg_terminate_backend); SQLite has no server to lose",
-    ),
+    pytest.mark.postgres,  # kills a PostgreSQL backend (pg_terminate_backend); SQLite has no server to lose
 ]
 
 

@@ -72,7 +72,11 @@ def test_a_nul_in_the_key_is_a_400_problem(client_for, user, key):
 
 
 @pytest.mark.parametrize(
-    "store", ["idempotency.stores.db.DatabaseStore", "idempotency.stores.cached.CachedStore"]
+    "store",
+    [
+        "idempotency.stores.db.DatabaseStore",
+        pytest.param("idempotency.stores.cached.CachedStore", marks=pytest.mark.redis),
+    ],
 )
 @pytest.mark.parametrize("path", ["/t/nul/", "/t/nul-atomic/"])
 def test_an_answer_with_nul_characters_is_stored_and_replayed(settings, client_for, user, store, path):

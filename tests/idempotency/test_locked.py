@@ -22,7 +22,7 @@ from .test_concurrency import StalledRequest, in_threads, post_as
 pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.urls("tests.idempotency.urls"),
-    pytest.mark.skipif(connection.vendor != "postgresql", reason="the transaction's lock is PostgreSQL's"),
+    pytest.mark.postgres,  # the transaction's lock is PostgreSQL's
 ]
 GATED = "/t/atomic/?gate=g"
 

@@ -68,6 +68,7 @@ def cached_replay(key: str) -> CachedStore:
     return store
 
 
+@pytest.mark.redis
 @override_settings(IDEMPOTENCY={"STORE": "idempotency.stores.cached.CachedStore"})
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("how", ["queryset", "instance", "admin_bulk_delete", "cleanup"])
@@ -119,6 +120,7 @@ def test_admin_lists_searches_filters_and_shows_the_stored_response(staff_client
     assert staff_client.get("/admin/eventbus/job/?q=x").status_code == 200
 
 
+@pytest.mark.redis
 @override_settings(IDEMPOTENCY={"STORE": "idempotency.stores.cached.CachedStore"})
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("action", ["evict", "expire_now"])

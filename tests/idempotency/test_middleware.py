@@ -196,7 +196,11 @@ def test_final_answers_are_replayed(client_for, user, code):
 
 
 @pytest.mark.parametrize(
-    "store", ["idempotency.stores.db.DatabaseStore", "idempotency.stores.cached.CachedStore"]
+    "store",
+    [
+        "idempotency.stores.db.DatabaseStore",
+        pytest.param("idempotency.stores.cached.CachedStore", marks=pytest.mark.redis),
+    ],
 )
 @pytest.mark.parametrize("path", ["/t/form/", "/t/form-atomic/"])
 def test_a_retried_post_redirect_get_form_replays_its_redirect(settings, client_for, user, path, store):
@@ -249,6 +253,7 @@ def test_problem_json_for_unknown_api_paths(client_for, user):
     problem(response)
 
 
+@pytest.mark.redis
 @override_settings(
     IDEMPOTENCY={
         "STORE": "idempotency.stores.cached.CachedStore",

@@ -17,7 +17,7 @@ from idempotency.adapters import django as django_adapter
 pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.urls("tests.idempotency.urls"),
-    pytest.mark.skipif(connection.vendor != "postgresql", reason="the atomic view's lock is PostgreSQL's"),
+    pytest.mark.postgres,  # the atomic view's lock is PostgreSQL's
 ]
 
 JOB = '{"domain": "scan", "payload": {}}'

@@ -1,11 +1,8 @@
 """One behaviour suite, run against every store (as django.contrib.sessions tests do)."""
 
-from datetime import timedelta
-
 import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
-from django.utils import timezone
 
 from idempotency.models import IdempotencyRecord
 from idempotency.responses import StoredResponse
@@ -13,22 +10,15 @@ from idempotency.stores.base import Outcome
 from idempotency.stores.cached import CachedStore
 from idempotency.stores.db import DatabaseStore
 
+from .conftest import Clock
+
 pytestmark = pytest.mark.django_db
 ANSWER = StoredResponse(201, (("Content-Type", "application/json"),), b'{"ok": true}')
 
 
-class Clock:
-    def __init__(self):
-        self.t = timezone.now()
-
-    def __call__(self):
-        return self.t
-
-    def advance(self, seconds):
-        self.t += timedelta(seconds=seconds)
-
-
-@pytest.fixture(params=[DatabaseStore, CachedStore], ids=["db", "cached"])
+@pytest.fixture(
+    params=[DatabaseStore, pytest.param(CachedStore, marks=pytest.mark.redis)], ids=["db", "cached"]
+)
 def store(request):
     instance = request.param()
     instance.now = Clock()
@@ -136,6 +126,7 @@ def replay_queries(store) -> int:
     return len(queries)
 
 
+@pytest.mark.redis
 @pytest.mark.django_db(transaction=True)
 def test_a_completed_answer_enters_the_cache_with_its_first_replay():
     """A first request writes nothing to the cache (SPEC §9: its one Redis command is the
@@ -147,6 +138,7 @@ def test_a_completed_answer_enters_the_cache_with_its_first_replay():
     assert replay_queries(store) == 0
 
 
+@pytest.mark.redis
 @pytest.mark.django_db(transaction=True)
 def test_an_answer_enters_the_cache_only_from_a_committed_record():
     store = CachedStore()
@@ -167,6 +159,7 @@ def cached_answer(store):
     return known and known.response
 
 
+@pytest.mark.redis
 @pytest.mark.django_db(transaction=True)
 def test_a_replay_the_database_answered_fills_the_cache_again():
     store = CachedStore()
@@ -176,6 +169,7 @@ def test_a_replay_the_database_answered_fills_the_cache_again():
     assert replay_queries(store) == 0
 
 
+@pytest.mark.redis
 @pytest.mark.django_db(transaction=True)
 def test_cache_entry_never_outlives_its_record():
     store = CachedStore()
@@ -185,6 +179,7 @@ def test_cache_entry_never_outlives_its_record():
     assert acquire(store, fingerprint="new").outcome is Outcome.ACQUIRED
 
 
+@pytest.mark.redis
 @pytest.mark.django_db(transaction=True)
 def test_cache_down_falls_back_to_database(settings):
     store = CachedStore()
