@@ -54,14 +54,16 @@ def accept_once(
     _check_storable(row)
     # ON CONFLICT DO NOTHING: a taken key is no error, so no savepoint guards the INSERT (two
     # round trips fewer inside the caller's transaction: an atomic view, an Idempotency-Key's).
+    meta = row._meta
+    key = {name: getattr(row, _attname(row, name)) for name in unique}
     if insert([row], target=tuple(unique)):
         row._state.adding = False
+        if row.pk is None:  # a database-assigned key (AutoField), which the INSERT does not return
+            row.pk = type(row)._default_manager.filter(**key).values_list("pk", flat=True).get()
         if on_accepted is not None:
             transaction.on_commit(lambda: on_accepted(row))
         return row, True
     # The key's winner (a committed row: the INSERT waited for it). Its request must be this one.
-    meta = row._meta
-    key = {name: getattr(row, _attname(row, name)) for name in unique}
     winner = type(row)._default_manager.filter(**key).first()
     if winner is None:
         raise IntegrityError(f"Key {key} is taken by a {meta.verbose_name} this transaction cannot see.")

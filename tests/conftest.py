@@ -106,7 +106,11 @@ def pytest_collection_modifyitems(items):
                 item.add_marker(marker)
         if any(item.get_closest_marker(name) for name in NEEDS_REDIS):
             item.add_marker("redis")  # the fast tier is -m "not redis"
-        if module_scoped(item):
+        if item.get_closest_marker("chaos"):
+            # One chaos run at a time: each is a whole stack under faults, timed against deadlines
+            # (a POST answered within 60 s) that three at once on two cores would miss.
+            item.add_marker(pytest.mark.xdist_group("chaos"))
+        elif module_scoped(item):
             # -n --dist loadgroup (make test) runs them on one worker: one module fixture, not one a worker.
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
         if item.get_closest_marker("postgres") and not on_postgresql:

@@ -145,6 +145,7 @@ def test_the_move_keeps_jobs_stage_records_retries_and_permissions(migrated_back
     assert StageRecord.objects.filter(operation_id=failed.pk).count() == 2
 
 
+@pytest.mark.processes
 @pytest.mark.skipif(connection.vendor != "sqlite", reason="a SQLite file of its own; run once")
 def test_idempotency_migrates_alone_and_the_event_bus_can_come_later(tmp_path):
     """A project with idempotency and without the event bus: its 0003 drops the empty table

@@ -807,18 +807,10 @@ def check_stage_retry(base: str, token: str, root: Path, until: float) -> None:
 
 
 def job_admin_url(job_id: str) -> str:
-    """The admin page of a job: its model's change view (eventbus's Job; idempotency's Operation
-    in releases before the job model moved to the event bus)."""
-    from django.apps import apps
+    """The admin page of a job: the change view of eventbus's Job."""
     from django.urls import reverse
 
-    for label in ("eventbus.Job", "idempotency.Operation"):
-        try:
-            meta = apps.get_model(label)._meta
-        except LookupError:
-            continue
-        return reverse(f"admin:{meta.app_label}_{meta.model_name}_change", args=[job_id])
-    raise SmokeFailure("no job model: neither eventbus.Job nor idempotency.Operation")
+    return reverse("admin:eventbus_job_change", args=[job_id])
 
 
 def check_admin(base: str, job_id: str) -> None:
