@@ -14,7 +14,7 @@ each) runs three topologies on them, in this order, each on flushed masters:
   call_command("run_router")), which a cluster copies to every node.
 
 and measures on each, with every Redis node's CPU time from /proc (each thread's run time in ns,
-/proc/PID/task/*/schedstat; bench/procstat.py's 10 ms ticks where that is missing):
+/proc/PID/task/*/schedstat; /proc/PID/stat's 10 ms ticks where that is missing):
 
 1. publish, from this process, each job's seqs in order (half the jobs scan, half chat):
    a. depth 1: --single-events events, one eventbus.publish_event call each (the workers' path:
@@ -51,7 +51,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -60,17 +59,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.gateway import (
-    Child,
-    Target,
-    close_sockets,
-    create_fixtures,
-    open_sockets,
-    percentile,
-    record_frames,
-    wait_port,
-)
-from bench.procstat import cpu_seconds, run_info
+from bench.gateway import Target, close_sockets, create_fixtures, open_sockets, record_frames
+from bench.processes import Process, cpu_seconds, wait_port
+from bench.procstat import run_info
+from bench.report import load_average, verdict, write_section
+from bench.stats import percentiles
 from config.redis_server import RedisClusterServers, RedisServer, free_port
 
 REPORT = ROOT / "bench" / "REPORT-cluster.md"
@@ -109,11 +102,10 @@ def wrapped_router(argv: list[str]) -> None:
 
 
 def load_line() -> str:
-    one, five, fifteen = os.getloadavg()
-    return f"load average {one:.2f} {five:.2f} {fifteen:.2f}, nproc {os.cpu_count()}"
+    return f"load average {load_average()}, nproc {os.cpu_count()}"
 
 
-# Each thread's run time in ns; bench/procstat.py's 10 ms ticks on a kernel without it.
+# Each thread's run time in ns; /proc/PID/stat's 10 ms ticks (cpu_seconds) on a kernel without it.
 SCHEDSTAT = Path("/proc/self/schedstat").exists()
 
 
@@ -131,7 +123,7 @@ def run_seconds(pid: int) -> float:
     return total / 1e9
 
 
-def run_routers(routers: list[Child], timeout: float) -> tuple[list[float], list[float]]:
+def run_routers(routers: list[Process], timeout: float) -> tuple[list[float], list[float]]:
     """Start the routers (--burst) and wait for them all to exit. Each one's CPU seconds after its
     start line (what routing took), and before it (Django's start-up and the checks): /proc is
     read when the line appears in its log, and the total comes from wait4's rusage."""
@@ -144,7 +136,7 @@ def run_routers(routers: list[Child], timeout: float) -> tuple[list[float], list
         for i, router in enumerate(routers):
             if i in total:
                 continue
-            if i not in at_start and " streams " in router.log(4000):
+            if i not in at_start and " streams " in router.log(tail=4000):
                 at_start[i] = cpu_seconds(router.pid)
             pid, status, usage = os.wait4(router.pid, os.WNOHANG)
             if pid:
@@ -152,19 +144,19 @@ def run_routers(routers: list[Child], timeout: float) -> tuple[list[float], list
                 total[i] = usage.ru_utime + usage.ru_stime
         if time.monotonic() > deadline:
             for router in routers:
-                router.stop()
-            raise RuntimeError(f"the routers did not finish in {timeout:.0f} s:\n{routers[0].log()}")
+                router.stop(timeout=20)
+            raise RuntimeError(f"the routers did not finish in {timeout:.0f} s:\n{routers[0].log(tail=3000)}")
         time.sleep(0.01)
     startup = [at_start.get(i, 0.0) for i in range(len(routers))]
     return [total[i] - startup[i] for i in range(len(routers))], startup
 
 
-def router_window(children: list[Child]) -> float | None:
+def router_window(children: list[Process]) -> float | None:
     """Seconds from the first router's start to the last one's stop, by their log lines."""
     starts: list[datetime.datetime] = []
     stops: list[datetime.datetime] = []
     for child in children:
-        for line in child.log(10**7).splitlines():
+        for line in child.log().splitlines():
             match = ROUTER_LOG_TIME.match(line)
             if match:
                 when = datetime.datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f")
@@ -422,11 +414,11 @@ def route_phase(topology: Topology, batch: list[tuple], env: dict, log_dir: Path
     cluster = topology.cluster
     cluster.reset_stats()
     routers = [
-        Child(
-            f"{topology.name.replace(' ', '-').replace(',', '')}-router-{i}",
-            topology.router_command(f"bench-r{i}", domains, burst=True),
-            env,
-            log_dir,
+        Process(
+            *topology.router_command(f"bench-r{i}", domains, burst=True),
+            name=f"{topology.name.replace(' ', '-').replace(',', '')}-router-{i}",
+            environ=env,
+            log_dir=log_dir,
         )
         for i, domains in enumerate(topology.router_domains())
     ]
@@ -438,7 +430,7 @@ def route_phase(topology: Topology, batch: list[tuple], env: dict, log_dir: Path
     commands = cluster.command_calls()
     for router in routers:
         if router.process and router.process.returncode:
-            raise RuntimeError(f"{router.name} exited {router.process.returncode}:\n{router.log()}")
+            raise RuntimeError(f"{router.name} exited {router.process.returncode}:\n{router.log(tail=3000)}")
     window = router_window(routers)
 
     # Every event applied, once: each job's applied seq is its last seq, nothing pending or unread.
@@ -510,13 +502,13 @@ async def wait_for(predicate, timeout: float, what: str) -> None:
         await asyncio.sleep(0.05)
 
 
-def routers_ready(cluster: Cluster, routers: list[Child]) -> bool:
+def routers_ready(cluster: Cluster, routers: list[Process]) -> bool:
     """Every router alive, and every shard stream's group has a consumer."""
     from eventbus.delivery import streams_for
 
     for router in routers:
         if not router.alive():
-            raise RuntimeError(f"{router.name} exited:\n{router.log()}")
+            raise RuntimeError(f"{router.name} exited:\n{router.log(tail=3000)}")
     client = cluster.client()
     try:
         return all(any(g["consumers"] for g in client.xinfo_groups(s.key)) for s in streams_for(None))
@@ -593,9 +585,7 @@ def latency_ms(received: list[tuple[int, bytes]], warmup: int) -> tuple[list[flo
 
 
 def quantiles(ordered: list[float]) -> dict[str, float]:
-    return {q: round(percentile(ordered, p), 2) for q, p in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))} | {
-        "max": round(ordered[-1], 2) if ordered else float("nan")
-    }
+    return percentiles(ordered, "p50", "p90", "p99", "max", digits=2)
 
 
 def check_once(seqs: dict[str, list[int]], expected: dict[str, int]) -> tuple[int, int]:
@@ -615,11 +605,11 @@ async def latency_phase(topology: Topology, ctx: dict, args, jobs: list[str]) ->
     cluster.flush()
     label = topology.name.replace(" ", "-")
     routers = [
-        Child(
-            f"{label}-latency-router-{i}",
-            topology.router_command(f"bench-l{i}", domains, False, args.router_block_ms),
-            env,
-            log_dir,
+        Process(
+            *topology.router_command(f"bench-l{i}", domains, False, args.router_block_ms),
+            name=f"{label}-latency-router-{i}",
+            environ=env,
+            log_dir=log_dir,
         )
         for i, domains in enumerate(topology.router_domains())
     ]
@@ -636,18 +626,12 @@ async def latency_phase(topology: Topology, ctx: dict, args, jobs: list[str]) ->
         if args.latency_via == "gateway":
             try:
                 port = free_port()
-                daphne = Child(
-                    f"{label}-daphne",
-                    [
-                        str(Path(sys.executable).parent / "daphne"),
-                        "-b",
-                        "127.0.0.1",
-                        "-p",
-                        str(port),
-                        "config.asgi:application",
-                    ],
-                    env,
-                    log_dir,
+                daphne = Process(
+                    str(Path(sys.executable).parent / "daphne"),
+                    *("-b", "127.0.0.1", "-p", str(port), "config.asgi:application"),
+                    name=f"{label}-daphne",
+                    environ=env,
+                    log_dir=log_dir,
                 ).start()
                 await asyncio.get_running_loop().run_in_executor(None, wait_port, daphne, port)
                 sockets, _, failures = await open_sockets(
@@ -663,7 +647,7 @@ async def latency_phase(topology: Topology, ctx: dict, args, jobs: list[str]) ->
                 await close_sockets(sockets)
                 sockets = []
                 if daphne:
-                    daphne.stop()
+                    daphne.stop(timeout=20)
         frames = [[] for _ in sockets]
         readers = [asyncio.create_task(record_frames(ws, sink)) for ws, sink in zip(sockets, frames)]
         tap = Tap(cluster, [JobKeys("scan", job).channel for job in jobs])
@@ -671,19 +655,16 @@ async def latency_phase(topology: Topology, ctx: dict, args, jobs: list[str]) ->
 
         jobs_file = log_dir / f"{label}-jobs.json"
         jobs_file.write_text(json.dumps(jobs))
-        publisher = subprocess.Popen(
-            [sys.executable, str(ROOT / "bench" / "gateway.py"), "--publisher", str(jobs_file)]
-            + ["--rate", str(args.rate), "--duration", str(args.duration)],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=open(log_dir / f"{label}-publisher.log", "wb"),  # noqa: SIM115 (the process owns it)
-            start_new_session=True,
-            text=True,
-        )
+        publisher = Process(
+            *(sys.executable, str(ROOT / "bench" / "gateway.py"), "--publisher", str(jobs_file)),
+            *("--rate", str(args.rate), "--duration", str(args.duration)),
+            name=f"{label}-publisher",
+            environ=env,
+            log_dir=log_dir,
+            pipe=True,
+        ).start()
         ctx["publishers"].append(publisher)
         loop = asyncio.get_running_loop()
-        assert publisher.stdout is not None
         ready = await loop.run_in_executor(None, publisher.stdout.readline)
         if ready.strip() != "ready":
             raise RuntimeError(f"the publisher did not start: {ready!r}")
@@ -734,7 +715,7 @@ async def latency_phase(topology: Topology, ctx: dict, args, jobs: list[str]) ->
                 frames_check=check_once(frame_seqs, per_job),
                 expected=expected_frames,
             )
-            daphne_log = daphne.log(10**7) if daphne else ""
+            daphne_log = daphne.log() if daphne else ""
             result["daphne_errors"] = sum("Traceback" in line for line in daphne_log.splitlines())
         else:
             result["expected"] = expected_frames
@@ -745,9 +726,9 @@ async def latency_phase(topology: Topology, ctx: dict, args, jobs: list[str]) ->
         if tap:
             await tap.close()
         if daphne:
-            daphne.stop()
+            daphne.stop(timeout=20)
         for router in routers:
-            router.stop()
+            router.stop(timeout=20)
     return result
 
 
@@ -906,8 +887,8 @@ def render(results: dict, args, info: dict) -> tuple[str, list[str]]:
     # Targets: judged on the workers' path (depth 1) and the route; the batched publish informs.
     verdicts = []
 
-    def verdict(ok: bool, text: str) -> None:
-        verdicts.append(f"{'PASS' if ok else 'MISS'}  {text}")
+    def judge(ok: bool, text: str) -> None:
+        verdicts.append(f"{verdict(ok)}  {text}")
 
     def shares(phase: str) -> list[float]:
         cpu = three[phase]["cpu"]
@@ -923,12 +904,12 @@ def render(results: dict, args, info: dict) -> tuple[str, list[str]]:
 
     labels = {"publish": "publish at depth 1", "route": "route"}
     for phase, label in labels.items():
-        verdict(
+        judge(
             all(low <= v <= high for v in shares(phase)),
             f"3 masters, {label}: each master's share of the cluster's Redis CPU {share_text(shares(phase))}",
         )
     for phase, label in labels.items():
-        verdict(
+        judge(
             ratio(phase) <= CPU_RATIO_TARGET,
             f"3 masters, {label}: the cluster's Redis CPU per event {ratio(phase):.2f}x that of 1 master "
             f"(target <= {CPU_RATIO_TARGET}x)",
@@ -1105,13 +1086,8 @@ Each run replaces the section between the markers below; the text above them is 
 
 def write_report(text: str, verdicts: list[str]) -> None:
     """This run's section of bench/REPORT-cluster.md, between its markers; the rest is kept."""
-    section = f"{BEGIN}\n{text}\n\n### Targets\n\n```\n" + "\n".join(verdicts) + f"\n```\n{END}"
-    current = REPORT.read_text() if REPORT.exists() else ""
-    if BEGIN in current and END in current:
-        head, rest = current.split(BEGIN, 1)
-        REPORT.write_text(head + section + rest.split(END, 1)[1])
-    else:
-        REPORT.write_text(PREAMBLE + "\n" + section + "\n")
+    section = f"{text}\n\n### Targets\n\n```\n" + "\n".join(verdicts) + "\n```"
+    write_section(REPORT, section, BEGIN, END, PREAMBLE)
 
 
 # --- main ---------------------------------------------------------------------------------------
@@ -1254,9 +1230,7 @@ def main() -> None:
         redis_version = clusters[0].direct[next(iter(clusters[0].direct))].info("server")["redis_version"]
     finally:
         for publisher in ctx["publishers"]:
-            if publisher.poll() is None:
-                os.killpg(publisher.pid, signal.SIGKILL)
-                publisher.wait()
+            publisher.kill()
         for cluster in clusters:
             cluster.stop()
         if plain:

@@ -21,6 +21,8 @@ from pathlib import Path
 BASE_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(BASE_DIR))
 
+from bench.report import load_average, markdown_table, verdict  # noqa: E402
+from bench.stats import ratio  # noqa: E402
 from config.redis_server import RedisServer  # noqa: E402
 
 DATA = {"progress": 0.5, "note": "benchmark event"}
@@ -186,24 +188,21 @@ def main() -> None:
     finally:
         server.stop()
 
-    def ratio(ours, theirs):
+    def percent(ours, theirs):
         return f"{ours / theirs:.1%}" if theirs else "n/a"
 
     def rate(value):
         return f"{value:,.0f}" if value else "skipped"
 
-    def verdict(ok: bool) -> str:
-        return "PASS" if ok else "MISS"
-
     # SPEC §9's targets (raised in issue 11): a ratio to redis-benchmark, or events/s.
-    single_ratio = single / rb_single if single and rb_single else 0.0
-    batched_ratio = batched / rb_batched if batched and rb_batched else 0.0
+    single_ratio = ratio(single, rb_single or 0.0)
+    batched_ratio = ratio(batched, rb_batched or 0.0)
     rows = [
         (
             "publish, single (depth 1)",
             rate(single),
             rate(rb_single),
-            ratio(single, rb_single),
+            percent(single, rb_single),
             ">= 70%",
             verdict(single_ratio >= 0.70),
         ),
@@ -211,7 +210,7 @@ def main() -> None:
             f"publish, batched (depth {args.batch})",
             rate(batched),
             rate(rb_batched),
-            ratio(batched, rb_batched),
+            percent(batched, rb_batched),
             ">= 80%",
             verdict(batched_ratio >= 0.80),
         ),
@@ -224,11 +223,9 @@ def main() -> None:
             verdict(router_rate >= 30_000),
         ),
     ]
-    table = [
-        "| measurement | eventbus events/s | redis-benchmark req/s | ratio | target | |",
-        "|---|---:|---:|---:|---|---|",
-    ]
-    table += [f"| {' | '.join(row)} |" for row in rows]
+    table = markdown_table(
+        ("measurement", "eventbus events/s", "redis-benchmark req/s", "ratio", "target", ""), "lrrrll", rows
+    )
     print("\n".join(table))
     ceiling = (
         f"Redis itself busy {redis_per_event * 1e6:.1f} us per routed event: at most "
@@ -237,7 +234,7 @@ def main() -> None:
     print(f"(router: {args.router_events:,} events of {histories} jobs; Redis {version}; {ceiling})")
     for name, *_, target, outcome in rows:
         print(f"{outcome}  {name}: target {target}")
-    print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}, nproc {os.cpu_count()}")
+    print(f"load average {load_average()}, nproc {os.cpu_count()}")
 
     command = " ".join([".venv/bin/python", "bench/eventbus.py", *sys.argv[1:]])
 

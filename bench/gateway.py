@@ -39,8 +39,6 @@ import os
 import resource
 import shutil
 import signal
-import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -51,9 +49,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.children import Child
 from bench.database import BenchDatabase
-from bench.procstat import CLOCK_TICKS, cpu_seconds, run_info
+from bench.processes import Process, cpu_seconds, wait_port
+from bench.procstat import CLOCK_TICKS, run_info
+from bench.report import markdown_table, verdict, write_section
+from bench.stats import median, percentile, percentiles
 from config.redis_server import RedisServer, free_port  # noqa: E402
 
 BIN = Path(sys.executable).parent
@@ -142,12 +142,6 @@ def redis_connections(client, owners: dict[str, int]) -> dict:
     return {"total": len(clients), "pubsub": len(pubsub_ids), "by_owner": by_owner}
 
 
-def percentile(ordered: list, q: float) -> float:
-    if not ordered:
-        return float("nan")
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 # --- setup ------------------------------------------------------------------------------------
 
 
@@ -230,20 +224,7 @@ def server_command(server: str, port: int, options: Sequence[str] = ()) -> list[
     return [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), *options, "config.asgi:application"]
 
 
-def wait_port(child: Child, port: int, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not child.alive():
-            break
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.2).close()
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"{child.name} did not start:\n{child.log()}")
-
-
-def wait_router(child: Child, client, timeout: float = 60) -> None:
+def wait_router(child: Process, client, timeout: float = 60) -> None:
     """Ready when its group has a consumer on every stream (it has issued XREADGROUP)."""
     from eventbus.delivery import streams_for
 
@@ -258,7 +239,7 @@ def wait_router(child: Child, client, timeout: float = 60) -> None:
         except Exception:
             pass
         time.sleep(0.1)
-    raise RuntimeError(f"the router did not start:\n{child.log()}")
+    raise RuntimeError(f"the router did not start:\n{child.log(tail=3000)}")
 
 
 # --- WebSocket clients ------------------------------------------------------------------------
@@ -403,17 +384,13 @@ async def hold_sockets(ctx, args) -> dict:
                 )
     result["connect_seconds"] = round(time.perf_counter() - began, 2)
     await asyncio.sleep(args.hold)
-    handshakes.sort()
     result.update(
         attempted=args.sockets,
         held=open_count(sockets),
         held_after_seconds=args.hold,
         failures=dict(failures),
         closed_codes=dict(collections.Counter(ws.close_code for ws in sockets if ws.close_code is not None)),
-        handshake_ms={
-            q: round(percentile(handshakes, p) * 1000, 1)
-            for q, p in (("p50", 0.5), ("p99", 0.99), ("max", 1.0))
-        },
+        handshake_ms=percentiles([h * 1000 for h in handshakes], "p50", "p99", "max", digits=1),
         rss_held=rss_kb(server.pid),
         redis_held=redis_connections(client, ctx["owners"]()),
     )
@@ -444,20 +421,20 @@ async def fanout_rounds(ctx, sockets: list, jobs: list[str], seq: int, rounds: i
         seq += 1
         done.append(await probe(ctx, sockets, jobs, seq))
     done.sort(key=lambda r: r["frames_per_cpu_s"])
-    median = dict(done[len(done) // 2])
-    median["rounds"] = [
+    middle = dict(done[len(done) // 2])
+    middle["rounds"] = [
         {"frames_per_s": r["frames_per_s"], "server_cpu_ms": r["server_cpu_ms"]} for r in done
     ]
     if profiler is not None:
-        median["profile"] = await asyncio.get_running_loop().run_in_executor(None, profiler.finish)
-        median["profile"]["seconds"] = profiler.seconds
+        middle["profile"] = await asyncio.get_running_loop().run_in_executor(None, profiler.finish)
+        middle["profile"]["seconds"] = profiler.seconds
     print(
-        f"  fan-out, {len(sockets)} sockets, {rounds} round(s): {median['received']} frames each, the last after "
-        f"{median['ms']['max']} ms: {median['frames_per_s']:,.0f} frames/s (median); server CPU "
-        f"{median['server_cpu_ms']} ms per round ({median['frames_per_cpu_s']:,.0f} frames per CPU-second)",
+        f"  fan-out, {len(sockets)} sockets, {rounds} round(s): {middle['received']} frames each, the last after "
+        f"{middle['ms']['max']} ms: {middle['frames_per_s']:,.0f} frames/s (median); server CPU "
+        f"{middle['server_cpu_ms']} ms per round ({middle['frames_per_cpu_s']:,.0f} frames per CPU-second)",
         flush=True,
     )
-    return median, seq
+    return middle, seq
 
 
 async def probe(ctx, sockets: list, jobs: list[str], seq: int, timeout: float = 60) -> dict:
@@ -490,7 +467,7 @@ async def probe(ctx, sockets: list, jobs: list[str], seq: int, timeout: float = 
     return {
         "received": len(arrived),
         "sockets": len(sockets),
-        "ms": {q: round(percentile(arrived, p), 1) for q, p in (("p50", 0.5), ("p99", 0.99), ("max", 1.0))},
+        "ms": percentiles(arrived, "p50", "p99", "max", digits=1),
         "frames_per_s": round(len(arrived) / last) if last else 0,
         "server_cpu_ms": round(cpu * 1000),
         "frames_per_cpu_s": round(len(arrived) / cpu) if cpu else 0,
@@ -596,8 +573,6 @@ def publisher_main(args) -> None:
         calls.append(ended - began)
     elapsed = perf() - start
     cpu = time.process_time() - cpu_start
-    lags.sort()
-    calls.sort()
     print(
         json.dumps(
             {
@@ -605,14 +580,10 @@ def publisher_main(args) -> None:
                 "seconds": elapsed,
                 "cpu_seconds": cpu,
                 "rate": total / elapsed,
-                "lag_ms": {
-                    q: percentile(lags, p) * 1000 for q, p in (("p50", 0.5), ("p99", 0.99), ("max", 1.0))
-                },
+                "lag_ms": percentiles([lag * 1000 for lag in lags], "p50", "p99", "max"),
                 "late_1ms": sum(lag > 0.001 for lag in lags),
                 "final_lag_ms": (perf() - (start + (total - 1) // batch * interval)) * 1000 if total else 0,
-                "call_ms": {
-                    q: percentile(calls, p) * 1000 for q, p in (("p50", 0.5), ("p99", 0.99), ("max", 1.0))
-                },
+                "call_ms": percentiles([call * 1000 for call in calls], "p50", "p99", "max"),
             }
         ),
         flush=True,
@@ -628,33 +599,30 @@ class Profiler:
         self.name, self.output = name, log_dir / f"py-spy-{name}.txt"
         self.seconds = seconds
         binary = shutil.which("py-spy") or str(BIN / "py-spy")
-        self.process = subprocess.Popen(
-            [
-                binary,
-                "record",
-                "--nonblocking",
-                "-r",
-                str(self.RATE),
-                "-d",
-                str(int(seconds)),
-                "-f",
-                "raw",
-                "-o",
-                str(self.output),
-                "-p",
-                str(pid),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        self.process = Process(
+            binary,
+            "record",
+            "--nonblocking",
+            "-r",
+            str(self.RATE),
+            "-d",
+            str(int(seconds)),
+            "-f",
+            "raw",
+            "-o",
+            str(self.output),
+            "-p",
+            str(pid),
+            name=f"py-spy-{name}",
+            environ=os.environ,
+            log_dir=log_dir,
+        ).start()
 
     def finish(self) -> dict:
         try:
             self.process.wait(timeout=self.seconds + 30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGINT)
-            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # SIGINT: py-spy writes what it has sampled
+            self.process.stop(timeout=10, signum=signal.SIGINT)
         return summarise_profile(self.output, self.seconds * self.RATE)
 
 
@@ -759,24 +727,15 @@ async def latency_run(ctx, args, run: int, first: int, profile: bool = False) ->
 
     jobs_file = ctx["log_dir"] / f"jobs-{run}.json"
     jobs_file.write_text(json.dumps(jobs))
-    publisher = subprocess.Popen(
-        [
-            sys.executable,
-            str(Path(__file__).resolve()),
-            "--publisher",
-            str(jobs_file),
-            "--rate",
-            str(args.rate),
-            "--duration",
-            str(args.duration),
-        ],
-        cwd=ROOT,
-        env=ctx["env"],
-        stdout=subprocess.PIPE,
-        stderr=open(ctx["log_dir"] / f"publisher-{run}.log", "wb"),  # noqa: SIM115 (the process owns it)
-        start_new_session=True,
-        text=True,
-    )
+    publisher = Process(
+        sys.executable,
+        str(Path(__file__).resolve()),
+        *("--publisher", str(jobs_file), "--rate", str(args.rate), "--duration", str(args.duration)),
+        name=f"publisher-{run}",
+        environ=ctx["env"],
+        log_dir=ctx["log_dir"],
+        pipe=True,
+    ).start()
     ctx["publishers"].append(publisher)
     loop = asyncio.get_running_loop()
     profilers = []
@@ -786,7 +745,6 @@ async def latency_run(ctx, args, run: int, first: int, profile: bool = False) ->
             for name, pid in (("server", server.pid), ("router", router.pid))
         ]
         await asyncio.sleep(1.5)
-    assert publisher.stdout is not None  # stdout=PIPE
     ready = await loop.run_in_executor(None, publisher.stdout.readline)
     if ready.strip() != "ready":
         raise RuntimeError(f"the publisher did not start: {ready!r}")
@@ -888,13 +846,9 @@ async def latency_run(ctx, args, run: int, first: int, profile: bool = False) ->
             publish_to_frame.append((first_frame - tapped_ns) / 1e6)
 
     def quantiles(values: list) -> dict:
-        values = sorted(values)
-        return {
-            q: round(percentile(values, p), 2)
-            for q, p in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("p99.9", 0.999), ("max", 1.0))
-        } | {"n": len(values)}
+        return percentiles(values, "p50", "p90", "p99", "p99.9", "max", digits=2) | {"n": len(values)}
 
-    seconds_p99 = sorted(percentile(sorted(v), 0.99) for v in per_second.values())
+    seconds_p99 = sorted(percentile(v, 0.99) for v in per_second.values())
     busy = busy_after[0] - busy_before[0]
     wall = busy_after[1] - busy_before[1]
     ours = sum(cpu.values())
@@ -921,7 +875,7 @@ async def latency_run(ctx, args, run: int, first: int, profile: bool = False) ->
         "per_second_p99_ms": (
             {
                 "min": round(seconds_p99[0], 2),
-                "median": round(statistics.median(seconds_p99), 2),
+                "median": round(median(seconds_p99), 2),
                 "max": round(seconds_p99[-1], 2),
             }
             if seconds_p99
@@ -1042,7 +996,7 @@ def verdicts(results: dict, args) -> list[tuple[str, str, str, str]]:
                 "open sockets held by one server process",
                 f"{s['held']:,} of {s['attempted']:,}",
                 f">= {TARGET_SOCKETS:,}",
-                "PASS" if s["held"] >= TARGET_SOCKETS else "MISS",
+                verdict(s["held"] >= TARGET_SOCKETS),
             )
         )
         points = s["checkpoints"]
@@ -1052,7 +1006,7 @@ def verdicts(results: dict, args) -> list[tuple[str, str, str, str]]:
                 "Redis pub/sub connections of the server",
                 ", ".join(f"{d['pubsub']} at {p['sockets']:,}" for d, p in zip(server, points)) + " sockets",
                 "1 (one shared per process)",
-                "PASS" if all(d["pubsub"] == 1 for d in server) else "MISS",
+                verdict(all(d["pubsub"] == 1 for d in server)),
             )
         )
         series = ", ".join(f"{d['all']} at {p['sockets']:,}" for d, p in zip(server, points)) + " sockets"
@@ -1067,7 +1021,7 @@ def verdicts(results: dict, args) -> list[tuple[str, str, str, str]]:
                 "Redis connections of the server, all (pub/sub + history reads)",
                 series,
                 f"O(1) in sockets: <= {CONNECTION_BOUND} at every count",
-                "PASS" if constant else "MISS",
+                verdict(constant),
             )
         )
         kib = per_socket_kib(s)
@@ -1076,7 +1030,7 @@ def verdicts(results: dict, args) -> list[tuple[str, str, str, str]]:
                 "the server's memory per socket (RSS held - idle, over the sockets held)",
                 f"{kib:.1f} KiB at {s['held']:,} sockets",
                 f"<= {TARGET_KIB_PER_SOCKET:g} KiB",
-                "PASS" if kib <= TARGET_KIB_PER_SOCKET else "MISS",
+                verdict(kib <= TARGET_KIB_PER_SOCKET),
             )
         )
         if s.get("fanout"):
@@ -1089,11 +1043,7 @@ def verdicts(results: dict, args) -> list[tuple[str, str, str, str]]:
                     f"wall clock {f['frames_per_s']:,} frames/s, the last frame after {f['ms']['max']} ms, "
                     "with the clients on the same 2 CPUs",
                     f">= {TARGET_FANOUT:,} frames/s per process",
-                    (
-                        "PASS"
-                        if f["frames_per_cpu_s"] >= TARGET_FANOUT and f["received"] == f["sockets"]
-                        else "MISS"
-                    )
+                    verdict(f["frames_per_cpu_s"] >= TARGET_FANOUT and f["received"] == f["sockets"])
                     + (
                         ""
                         if f["sockets"] == PROBE_SOCKETS
@@ -1119,9 +1069,7 @@ def verdicts(results: dict, args) -> list[tuple[str, str, str, str]]:
                     f"p99 {b['ms']['p99']} ms (p50 {b['ms']['p50']}, max {b['ms']['max']}); "
                     f"{b['received']:,} of {b['sockets']:,} sockets{plain}",
                     f"p99 <= {TARGET_RESYNC_P99_MS:g} ms, every socket",
-                    "PASS"
-                    if b["ms"]["p99"] <= TARGET_RESYNC_P99_MS and b["received"] == b["sockets"]
-                    else "MISS",
+                    verdict(b["ms"]["p99"] <= TARGET_RESYNC_P99_MS and b["received"] == b["sockets"]),
                 )
             )
     for r in results["latency"]:
@@ -1138,7 +1086,7 @@ def verdicts(results: dict, args) -> list[tuple[str, str, str, str]]:
                 f"{r['publisher']['rate']:.0f} ev/s)",
                 f"{lat['p99']} ms (p50 {lat['p50']}, max {lat['max']})",
                 f"<= {target:g} ms",
-                ("PASS" if lat["p99"] <= target else "MISS")
+                verdict(lat["p99"] <= target)
                 + ("" if r["kept_up"] else " (the publisher stalled)")
                 + ("" if on_target else " (not the target's rate and sockets)"),
             )
@@ -1152,7 +1100,7 @@ def verdicts(results: dict, args) -> list[tuple[str, str, str, str]]:
             "every frame exactly once (all runs)",
             f"{received:,}/{expected:,}; duplicates {dup}, missing {lost}",
             "0 duplicates, 0 missing",
-            "PASS" if not lost and not dup and received == expected else "MISS",
+            verdict(not lost and not dup and received == expected),
         )
     )
     kept = all(r["kept_up"] for r in results["latency"])
@@ -1187,10 +1135,8 @@ def render(results: dict, args, info: dict) -> str:
         f"{info['load_start']:.2f} at the start, {info['load_end']:.2f} at the end; duration "
         f"{info['seconds']:.0f} s.",
         "",
-        "| SPEC §9 target | measured | target | verdict |",
-        "|---|---|---|---|",
+        *markdown_table(("SPEC §9 target", "measured", "target", "verdict"), "llll", rows),
     ]
-    out += [f"| {' | '.join(row)} |" for row in rows]
     s = results.get("sockets")
     if s:
         out += [
@@ -1337,12 +1283,7 @@ def profile_table(name: str, prof: dict, seconds: float) -> list[str]:
 
 
 def write_report(text: str) -> None:
-    block = f"{BEGIN}\n{text}\n{END}"
-    if REPORT.exists() and BEGIN in (current := REPORT.read_text()) and END in current:
-        head, rest = current.split(BEGIN, 1)
-        REPORT.write_text(head + block + rest.split(END, 1)[1])
-    else:
-        REPORT.write_text(f"# Gateway benchmark (SPEC §9)\n\n## Results\n\n{block}\n")
+    write_section(REPORT, text, BEGIN, END, "# Gateway benchmark (SPEC §9)\n\n## Results")
 
 
 def raise_fd_limit(needed: int) -> int:
@@ -1438,7 +1379,7 @@ def main() -> None:
         args.sockets = max(0, limit - 256)
     log_dir = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
     redis_server = database = None
-    children: list[Child] = []
+    children: list[Process] = []
     ctx: dict = {"publishers": [], "log_dir": log_dir, "profile_probes": args.profile_probes}
 
     def on_sigterm(signum, frame):
@@ -1464,10 +1405,13 @@ def main() -> None:
 
         client = redis.Redis.from_url(redis_server.url, client_name="bench")
         port = free_port()
-        server = Child("server", server_command(args.server, port, args.server_option), env, log_dir).start()
+        server_args = server_command(args.server, port, args.server_option)
+        server = Process(*server_args, name="server", environ=env, log_dir=log_dir).start()
         children.append(server)
-        router = Child("router", [sys.executable, "manage.py", "run_router"], env, log_dir).start()
-        children.append(router)
+        router = Process(
+            sys.executable, "manage.py", "run_router", name="router", environ=env, log_dir=log_dir
+        )
+        children.append(router.start())
         wait_port(server, port)
         wait_router(router, client)
         print(
@@ -1478,9 +1422,7 @@ def main() -> None:
 
         def owners() -> dict[str, int]:
             found = {"server": server.pid, "router": router.pid, "bench": os.getpid()}
-            found.update(
-                {f"publisher-{i}": p.pid for i, p in enumerate(ctx["publishers"]) if p.poll() is None}
-            )
+            found.update({f"publisher-{i}": p.pid for i, p in enumerate(ctx["publishers"]) if p.alive()})
             return found
 
         ctx.update(
@@ -1497,8 +1439,8 @@ def main() -> None:
         results = asyncio.run(measure(ctx, args))
         for child in children:
             if not child.alive():
-                raise RuntimeError(f"{child.name} exited during the bench:\n{child.log()}")
-        server_log = server.log(10**8).splitlines()
+                raise RuntimeError(f"{child.name} exited during the bench:\n{child.log(tail=3000)}")
+        server_log = server.log().splitlines()
         errors = [line for line in server_log if "Traceback" in line or " ERROR " in line]
         results["server_errors"] = errors[:20]
         # Backfills refused by the hub's connection pool (redis-py's MaxConnectionsError is a
@@ -1517,11 +1459,9 @@ def main() -> None:
         redis_version = client.info("server")["redis_version"]
     finally:
         for publisher in ctx["publishers"]:
-            if publisher.poll() is None:
-                os.killpg(publisher.pid, signal.SIGKILL)
-                publisher.wait()
+            publisher.kill()
         for child in reversed(children):
-            child.stop()
+            child.stop(timeout=20)
         if redis_server:
             redis_server.stop()
         if database:

@@ -40,9 +40,6 @@ import platform
 import random
 import shlex
 import signal
-import socket
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -53,10 +50,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.children import importable, interrupted
 from bench.database import BenchDatabase
 from bench.http_client import read_response
-from bench.procstat import cpu_model, cpu_seconds
+from bench.processes import Process, child_pids, cpu_seconds, importable, interrupted, wait_port
+from bench.procstat import cpu_model
+from bench.report import markdown_table, verdict, write_section
+from bench.stats import median, median_ratio, percentile
 from config.redis_server import free_port
 from eventbus.redaction import masked_url
 
@@ -70,28 +69,16 @@ BODY = json.dumps({"domain": "scan", "payload": {"source": "bench", "items": [1,
 # --- the server -----------------------------------------------------------------------------
 
 
-def children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                    found.append(int(entry.name))
-            except (OSError, IndexError, ValueError):
-                pass
-    return found
-
-
 class CpuMeter:
     """CPU seconds used by the server's processes, the bench database's PostgreSQL backends
     and Redis while a scenario runs: what a request costs, whatever else the machine runs."""
 
-    def __init__(self, server: Server, redis_pid: int, db: BenchDatabase):
+    def __init__(self, server: Process, redis_pid: int, db: BenchDatabase):
         self.server, self.redis_pid, self.db = server, redis_pid, db
 
     def _pids(self) -> dict[str, list[int]]:
         pids = {
-            "server": [self.server.pid, *children(self.server.pid)],
+            "server": [self.server.pid, *child_pids(self.server.pid)],
             "redis": [self.redis_pid],
         }
         pids["postgres"] = self.db.backend_pids() if self.db.vendor == "postgresql" else []
@@ -107,86 +94,43 @@ class CpuMeter:
         return used
 
 
-class Server:
-    def __init__(self, kind: str, port: int, env: dict, workers: int, threads: int, log: Path):
-        self.port, self.log = port, log
-        if kind == "gunicorn":
-            self.command = [
-                sys.executable,
-                "-m",
-                "gunicorn",
-                "--bind",
-                f"127.0.0.1:{port}",
-                "--worker-class",
-                "gthread",
-                "--workers",
-                str(workers),
-                "--threads",
-                str(threads),
-                "--keep-alive",
-                "75",
-                "--backlog",
-                "2048",
-                "--log-level",
-                "warning",
-                "django.core.wsgi:get_wsgi_application()",
-            ]
-            self.description = f"gunicorn gthread, {workers} workers x {threads} threads (WSGI)"
-        else:
-            self.command = [
-                sys.executable,
-                "-m",
-                "daphne",
-                "-b",
-                "127.0.0.1",
-                "-p",
-                str(port),
-                "-v",
-                "0",
-                "config.asgi:application",
-            ]
-            self.description = "daphne, 1 process (ASGI, Django's thread per request)"
-        self.env = env
-        self.process: subprocess.Popen | None = None
-
-    @property
-    def pid(self) -> int:
-        assert self.process is not None, "not started"
-        return self.process.pid
-
-    def start(self, timeout: float = 30.0) -> None:
-        self._log_file = open(self.log, "wb")  # noqa: SIM115 (closed in stop())
-        self.process = subprocess.Popen(
-            self.command,
-            cwd=ROOT,
-            env=self.env,
-            stdout=self._log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                break
-            try:
-                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
-                return
-            except OSError:
-                time.sleep(0.1)
-        self.stop()
-        raise RuntimeError(f"the server did not start:\n{self.log.read_text()[-3000:]}")
-
-    def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
-        self.process = None
-        if getattr(self, "_log_file", None):
-            self._log_file.close()
+def server_command(kind: str, port: int, workers: int, threads: int) -> tuple[list[str], str]:
+    """The bench's HTTP server (gunicorn's gthread workers, or daphne) and its description."""
+    if kind == "gunicorn":
+        command = [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--worker-class",
+            "gthread",
+            "--workers",
+            str(workers),
+            "--threads",
+            str(threads),
+            "--keep-alive",
+            "75",
+            "--backlog",
+            "2048",
+            "--log-level",
+            "warning",
+            "django.core.wsgi:get_wsgi_application()",
+        ]
+        return command, f"gunicorn gthread, {workers} workers x {threads} threads (WSGI)"
+    command = [
+        sys.executable,
+        "-m",
+        "daphne",
+        "-b",
+        "127.0.0.1",
+        "-p",
+        str(port),
+        "-v",
+        "0",
+        "config.asgi:application",
+    ]
+    return command, "daphne, 1 process (ASGI, Django's thread per request)"
 
 
 # --- the load -------------------------------------------------------------------------------
@@ -243,10 +187,8 @@ class Run:
         return self.ok / self.elapsed if self.elapsed else 0.0
 
     def pct(self, q: float) -> float:
-        if not self.latencies:
-            return float("nan")
-        ordered = sorted(self.latencies)
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
+        """A latency percentile of the round, ms (bench/stats.py's definition)."""
+        return percentile(self.latencies, q) * 1000
 
 
 class Load:
@@ -333,7 +275,7 @@ class Load:
 # --- the report -----------------------------------------------------------------------------
 
 
-def machine(db: BenchDatabase, server: Server) -> dict:
+def machine(db: BenchDatabase, description: str) -> dict:
     from importlib.metadata import version
 
     import django
@@ -345,7 +287,7 @@ def machine(db: BenchDatabase, server: Server) -> dict:
         "python": platform.python_version(),
         "django": django.get_version(),
         "database": db.version,
-        "server": server.description,
+        "server": description,
         "peers": f"drf-idempotency {drf_idempotency.__version__}, "
         f"django-idempotency-key {version('django-idempotency-key')}",
     }
@@ -359,16 +301,13 @@ def summarise(runs: dict[str, list[Run]]) -> dict[str, dict]:
             for label, n in r.errors.items():
                 errors[label] = errors.get(label, 0) + n
         summary[name] = {
-            "rps": statistics.median(r.rps for r in rs),
+            "rps": median(r.rps for r in rs),
             "rps_rounds": [round(r.rps, 1) for r in rs],
             "cpu_rounds": [sum(r.cpu.values()) / r.ok * 1000 if r.ok else float("nan") for r in rs],
-            "p50": statistics.median(r.pct(0.50) for r in rs),
-            "p99": statistics.median(r.pct(0.99) for r in rs),
+            "p50": median(r.pct(0.50) for r in rs),
+            "p99": median(r.pct(0.99) for r in rs),
             "requests": sum(r.ok for r in rs),
-            "cpu_ms": {
-                part: statistics.median(r.cpu_ms(part) for r in rs)
-                for part in ("server", "postgres", "redis")
-            },
+            "cpu_ms": {part: median(r.cpu_ms(part) for r in rs) for part in ("server", "postgres", "redis")},
             "errors": errors,
             "error_sample": next((r.error_sample for r in rs if r.error_sample), ""),
         }
@@ -380,8 +319,7 @@ def checks(s: dict[str, dict]) -> list[tuple[str, float, str, bool | None]]:
     (they ran minutes apart at most), which the machine's other load disturbs least."""
 
     def ratio(a, b):
-        pairs = zip(s[a]["rps_rounds"], s[b]["rps_rounds"])
-        return statistics.median(x / y if y else 0.0 for x, y in pairs)
+        return median_ratio(s[a]["rps_rounds"], s[b]["rps_rounds"])
 
     rows = [
         ("first requests >= 85% of baseline (cost <= 15%)", ratio("ours:first", "baseline"), ">= 0.85", 0.85),
@@ -404,36 +342,55 @@ def checks(s: dict[str, dict]) -> list[tuple[str, float, str, bool | None]]:
     ]
 
 
-def verdict(ok: bool | None) -> str:
-    return "reported" if ok is None else "PASS" if ok else "MISS"
-
-
 def render(summary, check_rows, meta) -> str:
     base = summary["baseline"]["rps"]
-    out = [
-        "| scenario | requests/s | p50 ms | p99 ms | vs baseline | CPU ms/request: server + PostgreSQL + Redis "
-        "| requests (all rounds) | errors |",
-        "|---|---:|---:|---:|---:|---|---:|---|",
-    ]
+    rows = []
     for sc in SCENARIOS:
         s = summary[sc.name]
         errors = ", ".join(f"{k}: {v}" for k, v in s["errors"].items()) or "0"
         cpu = s["cpu_ms"]
-        out.append(
-            f"| {sc.label} | {s['rps']:.0f} | {s['p50']:.1f} | {s['p99']:.1f} | {s['rps'] / base:.2f}x | "
-            f"{cpu['server']:.2f} + {cpu['postgres']:.2f} + {cpu['redis']:.2f} = {sum(cpu.values()):.2f} | "
-            f"{s['requests']} | {errors} |"
+        rows.append(
+            (
+                sc.label,
+                f"{s['rps']:.0f}",
+                f"{s['p50']:.1f}",
+                f"{s['p99']:.1f}",
+                f"{s['rps'] / base:.2f}x",
+                f"{cpu['server']:.2f} + {cpu['postgres']:.2f} + {cpu['redis']:.2f} = {sum(cpu.values()):.2f}",
+                str(s["requests"]),
+                errors,
+            )
         )
+    out = markdown_table(
+        (
+            "scenario",
+            "requests/s",
+            "p50 ms",
+            "p99 ms",
+            "vs baseline",
+            "CPU ms/request: server + PostgreSQL + Redis",
+            "requests (all rounds)",
+            "errors",
+        ),
+        "lrrrrlrl",
+        rows,
+    )
     out += [
         "",
-        "| SPEC §9 target (ratio: median over rounds of the ratio within a round) | ratio | target | result |",
-        "|---|---:|---:|---|",
+        *markdown_table(
+            (
+                "SPEC §9 target (ratio: median over rounds of the ratio within a round)",
+                "ratio",
+                "target",
+                "result",
+            ),
+            "lrrl",
+            ((name, f"{value:.3f}", target, verdict(ok)) for name, value, target, ok in check_rows),
+        ),
     ]
-    for name, value, target, ok in check_rows:
-        out.append(f"| {name} | {value:.3f} | {target} | {verdict(ok)} |")
 
     def cpu_ms(name):
-        return statistics.median(summary[name]["cpu_rounds"])
+        return median(summary[name]["cpu_rounds"])
 
     out += [
         "",
@@ -448,10 +405,9 @@ def render(summary, check_rows, meta) -> str:
     return "\n".join(out)
 
 
-def write_report(table: str, meta: dict) -> None:
+def write_report(results: str, meta: dict) -> None:
     section = "\n".join(
         [
-            BEGIN,
             f"Run of {meta['date']}, command: `{meta['command']}`",
             "",
             f"Machine: {meta['nproc']} CPUs ({meta['cpu']}), Python {meta['python']}, Django {meta['django']}, "
@@ -459,19 +415,10 @@ def write_report(table: str, meta: dict) -> None:
             f"peers: {meta['peers']}. Load average of the machine (1 min): {meta['load']} "
             f"(on {meta['nproc']} CPUs; anything above what this bench uses is other work competing for them).",
             "",
-            table,
-            END,
+            results,
         ]
     )
-    text = (
-        REPORT.read_text() if REPORT.exists() else "# Idempotency benchmark\n\n" + BEGIN + "\n" + END + "\n"
-    )
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + section + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip() + "\n\n" + section + "\n"
-    REPORT.write_text(text)
+    write_section(REPORT, section, BEGIN, END, "# Idempotency benchmark")
 
 
 # --- main -----------------------------------------------------------------------------------
@@ -538,16 +485,16 @@ def main() -> int:
         os.environ.update({k: env[k] for k in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "REDIS_URL")})
         token = _prepare_django()
         port = free_port()
-        server = Server(args.server, port, env, args.workers, args.threads, Path(tmp.name) / "server.log")
-        server.description += (
-            ", psycopg connection pool" if args.pool else ", persistent connections (CONN_MAX_AGE)"
-        )
+        command, description = server_command(args.server, port, args.workers, args.threads)
+        server = Process(*command, name="server", environ=env, log_dir=Path(tmp.name))
+        description += ", psycopg connection pool" if args.pool else ", persistent connections (CONN_MAX_AGE)"
         if args.store == "database":
-            server.description += "; ours with the DatabaseStore alone (no replay cache)"
+            description += "; ours with the DatabaseStore alone (no replay cache)"
         print(
-            f"database {db.version} ({db.name}), redis {masked_url(redis_server.url)}, {server.description} on :{port}"
+            f"database {db.version} ({db.name}), redis {masked_url(redis_server.url)}, {description} on :{port}"
         )
         server.start()
+        wait_port(server, port, timeout=30, what="the server")
         assert redis_server.process is not None
         meter = CpuMeter(server, redis_server.process.pid, db)
 
@@ -581,7 +528,7 @@ def main() -> int:
             return 0
         check_rows = checks(summary)
         meta = {
-            **machine(db, server),
+            **machine(db, description),
             "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "command": shlex.join([_python(), "bench/idempotency.py", *sys.argv[1:]]),
             "load": f"{load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after",
@@ -589,9 +536,9 @@ def main() -> int:
             "client": f"asyncio, {args.connections} keep-alive connections, {args.rounds} rounds x "
             f"{args.duration:g} s per scenario (rotating order) after {args.warmup:g} s warm-up",
         }
-        table = render(summary, check_rows, meta)
+        results = render(summary, check_rows, meta)
         print()
-        print(table)
+        print(results)
         print()
         for name, value, target, ok in check_rows:
             print(f"{verdict(ok)}  {name}: {value:.3f} (target {target})")
@@ -602,7 +549,7 @@ def main() -> int:
             json.dumps({"meta": meta, "summary": summary, "checks": check_rows}, indent=2)
         )
         if not args.no_report:
-            write_report(table, meta)
+            write_report(results, meta)
             print(f"\nwritten: {REPORT.relative_to(ROOT)}")
         return 0
     finally:

@@ -62,8 +62,6 @@ import json
 import os
 import shutil
 import signal
-import socket
-import statistics
 import sys
 import tempfile
 import time
@@ -75,11 +73,13 @@ from urllib.parse import urlsplit, urlunsplit
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.children import Child, importable, interrupted, proc_stat, session_pids
 from bench.database import BenchDatabase, conninfo
 from bench.http_client import read_response
 from bench.jobs_stages import DOMAIN, EXPECTED_SEQS, STAGES
-from bench.procstat import CLOCK_TICKS, cpu_model, cpu_seconds, run_info
+from bench.processes import Process, cpu_seconds, importable, interrupted, port_open, proc_stat, wait_for
+from bench.procstat import CLOCK_TICKS, cpu_model, run_info
+from bench.report import load_average, markdown_table, verdict
+from bench.stats import median, percentile, ratio
 from config.redis_server import RedisServer, free_port
 
 BIN = Path(sys.executable).parent
@@ -116,22 +116,6 @@ def postgres_cpu() -> float:
     return total / CLOCK_TICKS
 
 
-def wait_until(predicate, what: str, timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.1)
-
-
-def port_open(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), 0.2).close()
-        return True
-    except OSError:
-        return False
-
-
 # --- the systems ------------------------------------------------------------------------------
 
 
@@ -144,7 +128,7 @@ class System:
     socket_first: bool  # the client opens its socket before the POST (it knows the job's id)
     exec_log: Path
     databases: list[str]
-    children: list[Child] = field(default_factory=list)
+    children: list[Process] = field(default_factory=list)
     redis: RedisServer | None = None
     description: str = ""
 
@@ -153,20 +137,19 @@ class System:
 
     def pause(self) -> None:
         for child in self.children:
-            child.signal_group(signal.SIGSTOP)
+            child.pause()
 
     def resume(self) -> None:
         for child in self.children:
-            child.signal_group(signal.SIGCONT)
+            child.resume()
 
     def cpu(self) -> dict[tuple[str, int], float]:
         """CPU seconds of every process of the system (its sessions' and its Redis), by
         (component, pid): a component is a child's name without the system's, or "redis"."""
         found = {
-            (child.name.removeprefix(f"{self.name}-").rstrip("-0123456789"), pid): cpu_seconds(pid)
+            (child.name.removeprefix(f"{self.name}-").rstrip("-0123456789"), pid): seconds
             for child in self.children
-            if child.alive()
-            for pid in session_pids(child.pid)
+            for pid, seconds in child.session_cpu().items()
         }
         if self.redis is not None and self.redis.process is not None:
             found["redis", self.redis.process.pid] = cpu_seconds(self.redis.process.pid)
@@ -175,7 +158,7 @@ class System:
     def check_alive(self) -> None:
         for child in self.children:
             if not child.alive():
-                raise RuntimeError(f"{child.name} exited during the bench:\n{child.log()}")
+                raise RuntimeError(f"{child.name} exited during the bench:\n{child.log(tail=3000)}")
 
 
 def django_env(system: str, database_url: str, redis_url: str, exec_log: Path, args, **extra: str) -> dict:
@@ -206,6 +189,11 @@ def web_settings(env: dict, args) -> dict:
     if args.db_pool:
         web["BENCH_DB_POOL"] = str(args.db_pool)
     return web
+
+
+def start(name: str, command: list[str], env: dict, log_dir: Path, ready_text: str | None = None) -> Process:
+    """One of a system's processes, started; wait_ready() waits for them all."""
+    return Process(*command, name=name, environ=env, log_dir=log_dir, ready_text=ready_text).start(wait=False)
 
 
 def celery_command(name: str, workers: int) -> list[str]:
@@ -248,7 +236,7 @@ def start_ours(ctx: Context, args) -> System:
     )
     web_env = web_settings(env, args)
     system.children = [
-        Child(
+        start(
             "ours-web",
             uvicorn_command(
                 "config.asgi:application",
@@ -257,9 +245,9 @@ def start_ours(ctx: Context, args) -> System:
             ),
             web_env,
             ctx.log_dir,
-        ).start(),
-        Child("ours-worker", celery_command("ours", args.workers), env, ctx.log_dir, " ready.").start(),
-        Child("ours-router", [sys.executable, "manage.py", "run_router"], env, ctx.log_dir).start(),
+        ),
+        start("ours-worker", celery_command("ours", args.workers), env, ctx.log_dir, " ready."),
+        start("ours-router", [sys.executable, "manage.py", "run_router"], env, ctx.log_dir),
     ]
     system.description = (
         f"uvicorn config.asgi (gateway.uvicorn protocol, no deflate), Celery prefork x{args.workers}, "
@@ -287,12 +275,10 @@ def start_channels(ctx: Context, args) -> System:
     )
     web_env = web_settings(env, args)
     system.children = [
-        Child(
+        start(
             "channels-web", uvicorn_command("bench.jobs_asgi:application", system.port), web_env, ctx.log_dir
-        ).start(),
-        Child(
-            "channels-worker", celery_command("channels", args.workers), env, ctx.log_dir, " ready."
-        ).start(),
+        ),
+        start("channels-worker", celery_command("channels", args.workers), env, ctx.log_dir, " ready."),
     ]
     system.description = (
         f"uvicorn bench.jobs_asgi (Channels' AuthMiddlewareStack), Celery prefork x{args.workers}, "
@@ -322,9 +308,9 @@ def start_dbos(ctx: Context, args) -> System:
     # No Redis: a port nothing listens on, so that any use of one would show as an error.
     env = django_env("dbos", ctx.db_url(db), "redis://127.0.0.1:9/0", system.exec_log, args, **dbos_env)
 
-    def worker(i: int) -> Child:
+    def worker(i: int) -> Process:
         command = [sys.executable, "-m", "bench.jobs_dbos"]
-        return Child(
+        return start(
             f"dbos-worker-{i}",
             command,
             {**env, "BENCH_DBOS_EXECUTOR": f"bench-{i}"},
@@ -334,16 +320,16 @@ def start_dbos(ctx: Context, args) -> System:
 
     # The first worker creates the system database's tables (DBOS migrates at launch); then the rest.
     ctx.started.append(system)
-    system.children = [worker(1).start()]
-    wait_until(system.children[0].ready, "the first DBOS worker")
-    system.children += [worker(i).start() for i in range(2, args.workers + 1)]
+    system.children = [worker(1)]
+    wait_for(system.children[0].ready, timeout=90, interval=0.1, message="the first DBOS worker")
+    system.children += [worker(i) for i in range(2, args.workers + 1)]
     system.children.append(
-        Child(
+        start(
             "dbos-web",
             uvicorn_command("bench.jobs_asgi:application", system.port),
             web_settings(env, args),
             ctx.log_dir,
-        ).start()
+        )
     )
     concurrency = args.dbos_worker_concurrency or "unlimited"
     system.description = (
@@ -356,12 +342,19 @@ def start_dbos(ctx: Context, args) -> System:
 def wait_ready(system: System) -> None:
     """Every process up (its ready line logged, if it has one), the web server answering; ours'
     router reading its streams."""
-    wait_until(
+    wait_for(
         lambda: all(child.ready() for child in system.children) and port_open(system.port),
-        f"{system.name} to start",
+        timeout=90,
+        interval=0.1,
+        message=f"{system.name} to start",
     )
     if system.name == "ours":
-        wait_until(lambda: router_ready(system), "the router to join its consumer group")
+        wait_for(
+            lambda: router_ready(system),
+            timeout=90,
+            interval=0.1,
+            message="the router to join its consumer group",
+        )
 
 
 def router_ready(system: System) -> bool:
@@ -718,13 +711,6 @@ def measure(system: System, client: Client, count: int, concurrency: int, tag: s
     return Run(system.name, tag, results, seconds, dict(stack), pg_after - pg_before, own_after - own_before)
 
 
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def executions(path: Path) -> collections.Counter[tuple[str, str]]:
     """(key, stage) -> how many times it ran, from a system's execution log."""
     counts: collections.Counter[tuple[str, str]] = collections.Counter()
@@ -823,7 +809,7 @@ def summarise(
         summary[name] = {
             "rate": best.rate,
             "rates": [run.rate for run in measured],
-            "median_rate": statistics.median(run.rate for run in measured),
+            "median_rate": median(run.rate for run in measured),
             "p50_ms": percentile(latencies, 0.50) * 1000,
             "p99_ms": percentile(latencies, 0.99) * 1000,
             "jobs": jobs,
@@ -855,30 +841,46 @@ def summarise(
 def render(summary: dict, probes: dict, args, info: dict) -> tuple[str, list[tuple[str, bool]]]:
     ours = summary["ours"]["rate"]
     verdicts = []
-    lines = [
-        "| system | jobs/s (best) | all rounds, jobs/s | ours / it | target "
-        f"| POST -> first frame p50 / p99 ms, {args.concurrency} clients | the same, one client "
-        "| frames duplicated / lost / reordered | second executions | CPU ms/job: stack + PostgreSQL "
-        "| DB writes / stage |",
-        "|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|",
-    ]
+    rows = []
     for name in SYSTEMS:
         s = summary[name]
         f = s["faults"]
-        ratio = target = ""
+        vs = target = ""
         if name in TARGETS:
-            value = ours / s["rate"] if s["rate"] else 0.0
+            value = ratio(ours, s["rate"])
             ok = value >= TARGETS[name]
             verdicts.append((f"ours / {NAMES[name]}: {value:.2f}x jobs/s (target >= {TARGETS[name]:g}x)", ok))
-            ratio, target = f"{value:.2f}x", f">= {TARGETS[name]:g}x {'PASS' if ok else 'MISS'}"
+            vs, target = f"{value:.2f}x", f">= {TARGETS[name]:g}x {verdict(ok)}"
         errors = f" ({f['errors']} jobs failed: {s['error_sample']})" if f.get("errors") else ""
-        lines.append(
-            f"| {NAMES[name]} | {s['rate']:.1f} | {' / '.join(f'{r:.1f}' for r in s['rates'])} | {ratio} | {target} "
-            f"| {s['p50_ms']:.0f} / {s['p99_ms']:.0f} | {s['alone_p50_ms']:.0f} / {s['alone_p99_ms']:.0f} "
-            f"| {f['duplicates']} / {f['lost']} / {f['reordered']}{errors} "
-            f"| {s['second_executions']} | {s['cpu_stack_ms']:.1f} + {s['cpu_postgres_ms']:.1f} "
-            f"| {s['writes_per_stage']:.2f} |"
+        rows.append(
+            (
+                NAMES[name],
+                f"{s['rate']:.1f}",
+                " / ".join(f"{r:.1f}" for r in s["rates"]),
+                vs,
+                target,
+                f"{s['p50_ms']:.0f} / {s['p99_ms']:.0f}",
+                f"{s['alone_p50_ms']:.0f} / {s['alone_p99_ms']:.0f}",
+                f"{f['duplicates']} / {f['lost']} / {f['reordered']}{errors}",
+                str(s["second_executions"]),
+                f"{s['cpu_stack_ms']:.1f} + {s['cpu_postgres_ms']:.1f}",
+                f"{s['writes_per_stage']:.2f}",
+            )
         )
+    header = (
+        "system",
+        "jobs/s (best)",
+        "all rounds, jobs/s",
+        "ours / it",
+        "target",
+        f"POST -> first frame p50 / p99 ms, {args.concurrency} clients",
+        "the same, one client",
+        "frames duplicated / lost / reordered",
+        "second executions",
+        "CPU ms/job: stack + PostgreSQL",
+        "DB writes / stage",
+    )
+    lines = markdown_table(header, "lrlrlrrrrrr", rows)
     # SPEC §9: database writes per finished stage <= 1, counted as tests/eventbus/test_stage_writes.py
     # counts them: the stage records' write statements, less the one per job that starts its first
     # stage, per stage run (the job's own row and its idempotency record are the job's, not a stage's).
@@ -908,7 +910,7 @@ def render(summary: dict, probes: dict, args, info: dict) -> tuple[str, list[tup
             f"{retried.get('duplicates', 0)} |"
         )
     text = "\n".join(lines) + "\n\n" + "\n".join(guarantees) + "\n\n"
-    text += "\n".join(f"{'PASS' if ok else 'MISS'}  {label}" for label, ok in verdicts)
+    text += "\n".join(f"{verdict(ok)}  {label}" for label, ok in verdicts)
     text += (
         f"\n\nload average (1, 5, 15 min): {info['load_before']} before, {info['load_after']} after; "
         f"{info['nproc']} CPUs ({info['cpu']})"
@@ -1064,7 +1066,7 @@ def main() -> int:
         return 2
 
     started = time.time()
-    load_before = os.getloadavg()
+    load_before = load_average()
     log_dir = Path(tempfile.mkdtemp(prefix="bench-jobs-"))
     ctx = Context(database.postgres_url, log_dir)
     systems: dict[str, System] = {}
@@ -1174,8 +1176,8 @@ def main() -> int:
     info = {
         **run_info("bench/jobs.py"),
         "seconds": time.time() - started,
-        "load_before": " ".join(f"{x:.2f}" for x in load_before),
-        "load_after": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        "load_before": load_before,
+        "load_after": load_average(),
         "database": ctx.version,
         "redis": redis_version,
         **_versions(),
@@ -1203,7 +1205,7 @@ def shutdown(ctx: Context) -> None:
     for system in reversed(ctx.started):
         for child in reversed(system.children):
             try:
-                child.stop()
+                child.stop(timeout=20)
             except Exception as exc:
                 print(f"stopping {child.name}: {type(exc).__name__}: {exc}", file=sys.stderr)
     for server in [system.redis for system in ctx.started] + [ctx.ours_redis]:

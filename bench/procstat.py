@@ -1,5 +1,6 @@
-"""What /proc says about the machine and its processes, for the benchmarks' reports and CPU
-accounting."""
+"""What /proc says about the machine, for the benchmarks' reports: its CPU, and what every report
+says of its run. A process's CPU time is tests/processes.py's (cpu_seconds, Process.session_cpu),
+with its clock ticks (CLOCK_TICKS, re-exported here for the machine-wide counters)."""
 
 import datetime
 import os
@@ -7,16 +8,9 @@ import platform
 import sys
 from pathlib import Path
 
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+from tests.processes import CLOCK_TICKS
 
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process (0 when it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+__all__ = ["CLOCK_TICKS", "cpu_model", "run_info"]
 
 
 def cpu_model() -> str:

@@ -1,5 +1,9 @@
-"""Real processes for tests: the project's commands, a Celery worker and the web server, each in a
-session of its own with its output in a file, pointed at this run's Redis and test database."""
+"""Real processes for tests and benchmarks: the project's commands, a Celery worker and the web
+server, each in a session of its own with its output in a file, pointed at this run's Redis and test
+database (or, for bench/, at the environment a benchmark gives); and what /proc says of them (CPU
+time, a session's or a parent's processes). The one process wrapper of the repository: bench/
+starts its servers, workers, routers, publishers and profilers with `Process` too, so this module
+imports nothing beyond Django and the standard library."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from django.db import connection
@@ -43,32 +48,58 @@ def process_env(**extra: str) -> dict:
 
 
 class Process:
-    """One command in a session of its own (signals reach its children too), logging to a file."""
+    """One command in a session of its own (signals reach its children too), logging to a file.
+
+    Its environment is `environ` (by default this test run's, process_env()) with `env` on top; its
+    log a temporary file, or <log_dir>/<name>.log; `pipe=True` to read its stdout (stderr still goes
+    to the log). The benchmarks give their own `environ` and `log_dir`."""
 
     ready_text: str | None = None  # a line in the log that says it is ready
 
-    def __init__(self, *command: str, name: str = "process", **env: str):
+    def __init__(
+        self,
+        *command: str,
+        name: str = "process",
+        env: Mapping[str, str] | None = None,
+        environ: Mapping[str, str] | None = None,
+        log_dir: Path | None = None,
+        ready_text: str | None = None,
+        pipe: bool = False,
+        cwd: Path = BASE_DIR,
+    ):
         self.command = command
         self.name = name
-        self.env = env
-        self.log_path = Path(tempfile.mkstemp(prefix=f"{name}-", suffix=".log")[1])
+        self.environ = environ
+        self.env = dict(env or {})
+        self.cwd = cwd
+        self.pipe = pipe
+        if ready_text is not None:
+            self.ready_text = ready_text
+        if log_dir is None:
+            self.log_path = Path(tempfile.mkstemp(prefix=f"{name}-", suffix=".log")[1])
+        else:
+            self.log_path = Path(log_dir) / f"{name}.log"
         self.process: subprocess.Popen | None = None
+        self._ready_seen = 0
 
-    def start(self, timeout: float = 30) -> Process:
-        """Start (or start again: the log goes on, so it waits for one more ready line)."""
-        seen = self.log().count(self.ready_text) if self.ready_text else 0
+    def start(self, timeout: float = 30, *, wait: bool = True) -> Process:
+        """Start (or start again: the log goes on, so it waits for one more ready line). With
+        wait=False it returns at once: ready() says when it is."""
+        self._ready_seen = self.log().count(self.ready_text) if self.ready_text else 0
+        environ = process_env(**self.env) if self.environ is None else {**self.environ, **self.env}
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 self.command,
-                cwd=BASE_DIR,
-                env=process_env(**self.env),
-                stdout=log,
-                stderr=subprocess.STDOUT,
+                cwd=self.cwd,
+                env=environ,
+                stdout=subprocess.PIPE if self.pipe else log,
+                stderr=log if self.pipe else subprocess.STDOUT,
                 start_new_session=True,
+                text=self.pipe,
             )
-        if self.ready_text:
+        if self.ready_text and wait:
             wait_for(
-                lambda: self.process.poll() is not None or self.log().count(self.ready_text) > seen,
+                lambda: self.process.poll() is not None or self.ready_seen(),
                 timeout=timeout,
                 message=f"{self.name} to start",
             )
@@ -80,16 +111,64 @@ class Process:
         assert self.process is not None, "not started"
         return self.process.pid
 
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
+    @property
+    def stdout(self):
+        """Its output, a text stream (pipe=True)."""
+        assert self.process is not None and self.process.stdout is not None, "not started with pipe=True"
+        return self.process.stdout
+
+    def alive(self) -> bool:
+        """Started and not exited."""
+        return self.process is not None and self.process.poll() is None
+
+    def ready_seen(self) -> bool:
+        """Its log has one more ready line than when it started (or it has no ready line)."""
+        return self.ready_text is None or self.log().count(self.ready_text) > self._ready_seen
+
+    def ready(self) -> bool:
+        """Ready, as ready_seen(); an error if it exited meanwhile."""
+        if not self.alive():
+            raise RuntimeError(f"{self.name} exited:\n{self.log(tail=3000)}")
+        return self.ready_seen()
+
+    def log(self, tail: int | None = None) -> str:
+        """Its log ("" before it has one), or the last `tail` characters of it."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return text if tail is None else text[-tail:]
 
     def signal(self, signum: int) -> None:
         assert self.process is not None, "not started"
         self.process.send_signal(signum)
 
+    def signal_group(self, signum: int) -> None:
+        """A signal to its whole session (nothing if it has exited)."""
+        if self.alive():
+            try:
+                os.killpg(self.pid, signum)
+            except ProcessLookupError:
+                pass
+
+    def pause(self) -> None:
+        """SIGSTOP to its session: it uses no CPU until resume()."""
+        self.signal_group(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.signal_group(signal.SIGCONT)
+
     def wait(self, timeout: float = 30) -> int:
         assert self.process is not None, "not started"
         return self.process.wait(timeout=timeout)
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time of the process itself (0 when it is gone)."""
+        return cpu_seconds(self.pid)
+
+    def session_cpu(self) -> dict[int, float]:
+        """CPU seconds of each live process of its session, by pid (a Celery worker's pool too)."""
+        return {pid: cpu_seconds(pid) for pid in session_pids(self.pid)} if self.alive() else {}
 
     def kill(self) -> None:
         """SIGKILL the whole session, as a crash: nothing gets to clean up."""
@@ -97,18 +176,24 @@ class Process:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(timeout=10)
 
-    def stop(self, timeout: float = 15) -> None:
-        """SIGTERM, then SIGKILL if it does not stop in time (SIGCONT first, if it was stopped)."""
+    def stop(self, timeout: float = 15, signum: int | None = None) -> None:
+        """SIGTERM (or `signum`: SIGINT), then SIGKILL if it does not stop in time (SIGCONT first,
+        if it was stopped); then SIGKILL to what its session left behind (a Celery pool process)."""
         if self.process is None or self.process.poll() is not None:
             return
         try:
             os.killpg(self.process.pid, signal.SIGCONT)
-            os.killpg(self.process.pid, signal.SIGTERM)
+            os.killpg(self.process.pid, signal.SIGTERM if signum is None else signum)
             self.process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.kill()
         except ProcessLookupError:
             pass
+        for pid in session_pids(self.process.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     def __enter__(self):
         return self.start()
@@ -121,7 +206,7 @@ class Manage(Process):
     """`python manage.py <args>`."""
 
     def __init__(self, *args: str, **env: str):
-        super().__init__(sys.executable, "manage.py", *args, name=args[0] if args else "manage", **env)
+        super().__init__(sys.executable, "manage.py", *args, name=args[0] if args else "manage", env=env)
         self.args = args
 
 
@@ -158,7 +243,7 @@ class Worker(Process):
             "--without-mingle",
             "--without-heartbeat",
             name=name,
-            **env,
+            env=env,
         )
 
     def received(self, task_id, task: str = "eventbus.run_job") -> int:
@@ -184,30 +269,56 @@ class Web(Process):
             *("--ws", "gateway.uvicorn:WebSocketProtocol", "--ws-per-message-deflate", "false"),
             *("--lifespan", "off"),
             name="web",
-            **env,
+            env=env,
         )
         self.url = f"http://127.0.0.1:{port}"
 
 
-# Added for the end-to-end harness (tests/e2e): helpers around the classes above.
+# What /proc says of processes: the CPU time the benchmarks count, the processes of a session or a
+# parent (a Celery pool), for Process.stop and the end-to-end harness (tests/e2e).
+
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def proc_stat(pid: int | str) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command (fields[0] is the state, [1] the parent,
+    [3] the session, [11] and [12] user and system CPU ticks); None when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (0 when it is gone)."""
+    fields = proc_stat(pid)
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS if fields else 0.0
+
+
+def _pids_where(field: int, value: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            fields = proc_stat(entry.name)
+            if fields and int(fields[field]) == value:
+                found.append(int(entry.name))
+    return found
 
 
 def child_pids(pid: int) -> list[int]:
     """The direct children of a process (a Celery worker's prefork pool), from /proc."""
-    children = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[1]) == pid:
-            children.append(int(stat.parent.name))
-    return children
+    return _pids_where(1, pid)
+
+
+def session_pids(sid: int) -> list[int]:
+    """The processes of a session (a Process runs in one of its own: its sid is its pid)."""
+    return _pids_where(3, sid)
 
 
 def alive(process: Process) -> bool:
     """Started and not exited."""
-    return process.process is not None and process.process.poll() is None
+    return process.alive()
 
 
 def restart(process: Process, timeout: float = 30) -> Process:
