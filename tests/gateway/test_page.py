@@ -17,6 +17,7 @@ from urllib.parse import parse_qs, urljoin, urlparse
 
 import pytest
 from django.db import connection
+from playwright.sync_api import expect
 
 from eventbus.testing import events_of
 from tests.eventbus.jobtypes import FlakyJob, outside_api_charges, outside_api_down
@@ -264,6 +265,16 @@ def chip(card, stage):
     return card.locator(f'.stage[data-stage="{stage}"]')
 
 
+# A chip's text and state follow the job's events and then its detail (attempts, errors), which
+# the page asks for after the event that changed the state: the assertions wait for them.
+def chip_says(card, stage, text):
+    expect(chip(card, stage)).to_have_text(text, timeout=10_000)
+
+
+def chip_is(card, stage, state):
+    expect(chip(card, stage)).to_have_attribute("data-state", state, timeout=10_000)
+
+
 def flaky_payload(tmp_path, api, **extra):
     return {"log": str(tmp_path / "flaky.log"), "api": api, **extra}
 
@@ -285,8 +296,8 @@ def test_cancel_a_running_job_from_its_card(walker, stack, browser, tmp_path):
     assert not cancel.is_visible() and retry.is_visible()  # ended: Retry instead
     # The stage the cancel stopped says so; the ones after it never ran.
     page.wait_for_selector(f'.job[data-job-id="{job_id}"] .stage[data-stage="wait"][data-state="CANCELLED"]')
-    assert chip(card, "finish").get_attribute("data-state") == "PENDING"
-    assert chip(card, "done").inner_text() == "cancelled"
+    chip_is(card, "finish", "PENDING")
+    chip_says(card, "done", "cancelled")
     # The final event came once, and the bar stayed where the job stopped (not 100 %).
     seqs = card_seqs(card)
     assert seqs[-1] == FlakyJob.final_seq() and len(seqs) == len(set(seqs))
@@ -325,8 +336,8 @@ def test_retry_a_failed_job_from_its_card(walker, stack, browser, tmp_path):
     retry = old_card.locator("button.retry")
     assert retry.is_visible() and not old_card.locator("button.cancel").is_visible()
     page.wait_for_selector(f'.job[data-job-id="{old_id}"] .stage[data-stage="pay"][data-state="FAILED"]')
-    assert chip(old_card, "pay").inner_text() == "pay · failed after 4 attempts"
-    assert chip(old_card, "prepare").get_attribute("data-state") == "COMPLETED"
+    chip_says(old_card, "pay", "pay · failed after 4 attempts")
+    chip_is(old_card, "prepare", "COMPLETED")
     note = old_card.locator('.stage-notes li[data-stage="pay"]').inner_text()
     assert note == "pay failed: ConnectionError: page-retry answered 503", note
 
@@ -372,14 +383,14 @@ def test_a_stage_waiting_for_its_retry_shows_the_attempt_that_waits(walker, stac
 
     # No event tells of a waiting retry: the quiet card asks for the job's stages.
     page.wait_for_selector(f'.job[data-job-id="{job_id}"] .stage[data-stage="pay"][data-state="RETRYING"]')
-    assert chip(card, "pay").inner_text() == "pay · retrying: attempt 2"
+    chip_says(card, "pay", "pay · retrying: attempt 2")
     note = card.locator('.stage-notes li[data-stage="pay"]').inner_text()
     assert note == "pay (attempt 1 failed, attempt 2 waits): ConnectionError: page-patient answered 503", note
     assert card.get_attribute("data-state") == "RUNNING" and card.locator("button.cancel").is_visible()
     page.screenshot(path=screenshot_path(stack, "retrying"), full_page=True)
 
     wait_for_state(page, job_id, "COMPLETED", timeout=60_000)
-    assert chip(card, "pay").inner_text() == "pay · 2 attempts"
+    chip_says(card, "pay", "pay · 2 attempts")
     assert card.locator('.stage-notes li[data-stage="pay"]').count() == 0
 
 
