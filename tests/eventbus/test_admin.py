@@ -2,6 +2,8 @@
 shown to whoever has the model's view permission, and nothing at all without it; the job actions
 need the change permission."""
 
+import re
+
 import pytest
 from django.contrib.auth.models import Permission
 from django.test import Client
@@ -200,8 +202,9 @@ def test_a_jobs_page_shows_the_start_of_a_large_events_data(make_job, redis_clie
 def test_the_admin_index_lists_jobs_under_jobs(django_user_model):
     client = staff(django_user_model, "viewer", "view_job", "view_stagerecord", "view_deadletter")
     html = client.get("/admin/").content.decode()
-    app = html[html.index('title="Models in the Jobs application"') :]
+    app = html[html.index('<div class="app-eventbus module') :]  # the eventbus app's section
     app = app[: app.index("</table>")]
+    assert re.search(r'<a href="/admin/eventbus/" class="section"[^>]*>Jobs</a>', app), app  # its name
     assert f'<a href="{JOBS}">Jobs</a>' in app and "Stage records" in app and "Dead letters" in app
     assert "Operations" not in html and "/admin/idempotency/operation/" not in html
     assert client.get(JOBS).status_code == 200
