@@ -48,6 +48,7 @@ EVENTBUS = {
     **EVENTBUS,
     "JOB_TYPES": ("bench.jobs_stages.BenchJob",),
     "MAX_RUNNING_JOBS_PER_USER": None,
+    "MAX_JOBS_CREATED_PER_USER": None,
 }
 
 if SYSTEM != "ours":

@@ -31,6 +31,8 @@ _EXPORTS = {
     "JobEnded": "eventbus.exceptions",
     "JobNotRetryable": "eventbus.exceptions",
     "JobLimitReached": "eventbus.exceptions",
+    "JobCreationLimitReached": "eventbus.exceptions",
+    "JobAlreadyRetried": "eventbus.exceptions",
     "celery_broker": "eventbus.sentinel",
     "django_redis_cache": "eventbus.sentinel",
 }

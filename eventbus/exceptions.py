@@ -9,6 +9,10 @@ class JobServiceError(Exception):
     title = "The job cannot do this"
     problem_type = "about:blank"  # the problem+json `type` of the answer
 
+    def problem_members(self) -> dict:
+        """The answer's problem+json extension members, besides type, title, status and detail."""
+        return {}
+
 
 class JobEnded(JobServiceError):
     """cancel_job() of a job that has ended (COMPLETED, FAILED, TIMED_OUT or CANCELLED)."""
@@ -36,6 +40,23 @@ class JobNotRetryable(JobServiceError):
         self.job = job
 
 
+class JobAlreadyRetried(JobServiceError):
+    """retry_job() with a new key of a job retried before: a job has at most one retry."""
+
+    status = 409
+    title = "The job was retried already"
+    problem_type = "urn:problem:job-retried"
+
+    def __init__(self, job, retried_by):
+        super().__init__(f"Job {job.id} was retried already, as job {retried_by}: a job is retried once.")
+        self.job = job
+        self.retried_by = retried_by
+
+    def problem_members(self) -> dict:
+        """The problem's extension members: the retry's job id."""
+        return {"retried_by": str(self.retried_by)}
+
+
 class JobLimitReached(JobServiceError):
     """The owner has as many running jobs as they may (EVENTBUS["MAX_RUNNING_JOBS_PER_USER"])."""
 
@@ -46,3 +67,11 @@ class JobLimitReached(JobServiceError):
     def __init__(self, retry_after: int, message: str = ""):
         super().__init__(message or f"Too many running jobs; retry after {retry_after} s.")
         self.retry_after = retry_after
+
+
+class JobCreationLimitReached(JobLimitReached):
+    """The owner has started as many jobs as they may in the period
+    (EVENTBUS["MAX_JOBS_CREATED_PER_USER"] per EVENTBUS["JOBS_CREATED_PERIOD"] seconds)."""
+
+    title = "Too many jobs started"
+    problem_type = "urn:problem:job-creation-limit-reached"

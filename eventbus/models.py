@@ -49,7 +49,8 @@ class Job(models.Model):
     completed_at = models.DateTimeField(null=True, blank=True)
     deadline = models.DateTimeField(null=True, blank=True)
     # The job this one retries (eventbus.retry_job): it reuses that job's finished stages, and
-    # its stages' keys are those of the first job of the chain.
+    # its stages' keys are those of the first job of the chain. A job has at most one retry
+    # (the constraint job_one_retry): two would run its unfinished stages twice.
     retry_of = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="retries"
     )
@@ -57,7 +58,12 @@ class Job(models.Model):
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["scope", "idem_key"], name="job_scope_idem_key")]
+        constraints = [
+            models.UniqueConstraint(fields=["scope", "idem_key"], name="job_scope_idem_key"),
+            models.UniqueConstraint(
+                fields=["retry_of"], condition=models.Q(retry_of__isnull=False), name="job_one_retry"
+            ),
+        ]
         indexes = [
             models.Index(fields=["owner", "-accepted_at"], name="job_owner_accepted_at"),
             models.Index(fields=["state", "enqueued_at"], name="job_state_enqueued_at"),
@@ -72,7 +78,9 @@ class Job(models.Model):
 
 
 # A stage's states, as StageRecord.state names them; PENDING is a declared stage with no record.
-STAGE_STATES = ("PENDING", "RUNNING", "RETRYING", "COMPLETED", "FAILED")
+STAGE_STATES = ("PENDING", "RUNNING", "RETRYING", "COMPLETED", "FAILED", "CANCELLED")
+# The error_type a run records on the stage a cancel stopped (eventbus.jobtypes.JobCancelled).
+CANCELLED_ERROR = "JobCancelled"
 
 
 class StageRecord(models.Model):
@@ -103,7 +111,12 @@ class StageRecord(models.Model):
         constraints = [models.UniqueConstraint(fields=["job", "stage"], name="stage_record_job_stage")]
 
     def __str__(self):
-        status = "finished" if self.finished_at else "failed" if self.error_type else "in flight"
+        if self.finished_at:
+            status = "finished"
+        elif self.error_type:
+            status = "cancelled" if self.error_type == CANCELLED_ERROR else "failed"
+        else:
+            status = "in flight"
         return f"{self.job_id} {self.stage} ({status})"
 
     @property
@@ -112,15 +125,16 @@ class StageRecord(models.Model):
 
     @property
     def state(self) -> str:
-        """COMPLETED, RETRYING (a failed attempt's retry waits), FAILED (its last attempt failed,
-        or a cancel stopped it: error_type JobCancelled, and no retry waits) or RUNNING; a
-        declared stage with no record is PENDING."""
+        """COMPLETED, RETRYING (a failed attempt's retry waits), CANCELLED (a cancel stopped it:
+        error_type JobCancelled), FAILED (its last attempt failed) or RUNNING; a declared stage
+        with no record is PENDING. Every reader of a stage's state (the jobs API, the admin)
+        reads it here."""
         if self.finished_at is not None:
             return "COMPLETED"
         if self.next_attempt_at is not None:
             return "RETRYING"
         if self.failed_at is not None and self.failed_at >= self.started_at:
-            return "FAILED"
+            return "CANCELLED" if self.error_type == CANCELLED_ERROR else "FAILED"
         return "RUNNING"
 
 

@@ -44,19 +44,37 @@ def visible_jobs(user):
 
 
 def visible_job(user, job_id) -> Job | None:
-    """The job, if `user` sees it (visible_jobs), else None."""
-    return visible_jobs(user).filter(id=job_id).first()
+    """The job, if `user` sees it (visible_jobs), else None; with its `retried_by`."""
+    return with_retried_by(visible_jobs(user).filter(id=job_id)).first()
+
+
+def with_retried_by(jobs):
+    """The jobs, each with `retried_by`: the id of its retry (a job has at most one), or None;
+    in the same query (a subquery on the UNIQUE retry_of), not one more per job."""
+    from django.db.models import OuterRef, Subquery
+
+    from .models import Job
+
+    return jobs.annotate(retried_by=Subquery(Job.objects.filter(retry_of=OuterRef("pk")).values("pk")[:1]))
+
+
+def retry_id(job):
+    """The id of the job's retry, or None (a job has at most one)."""
+    from .models import Job
+
+    return Job.objects.filter(retry_of=job).values_list("pk", flat=True).first()
 
 
 def job_list(user, *, state: str | None = None, domain: str | None = None):
-    """The jobs `user` sees, newest first (the list shows no payload: it is not read)."""
+    """The jobs `user` sees, newest first, each with `retried_by` (with_retried_by); the list
+    shows no payload: it is not read."""
     jobs = visible_jobs(user)
     if state:
         jobs = jobs.filter(state=state)
     if domain:
         jobs = jobs.filter(domain=domain)
     # The id breaks ties of one instant, so that pages neither repeat nor skip a job.
-    return jobs.defer("payload").order_by("-accepted_at", "-id")
+    return with_retried_by(jobs.defer("payload")).order_by("-accepted_at", "-id")
 
 
 def job_to_stream(user, job_id) -> Job | None:

@@ -3,12 +3,15 @@
     job, created = start_job("refund", {"order": 42}, key="refund-42", owner=request.user)
     cancel_job(job.id)                      # PENDING: CANCELLED now; RUNNING: its run stops
     new, created = retry_job(job.id, key="retry-1")   # a FAILED/TIMED_OUT/CANCELLED job
+    new, created = retry_as_operator(job)             # the admin's action, retry_jobs
 
 start_job and retry_job are once per (scope, key), the scope being the owner's as the jobs API
 resolves it with the default resolver (`-:<pk>`), so a job started by code and one POSTed
 under the same key are one job. Both accept the job with idempotency's accept-once (one INSERT
 ... ON CONFLICT DO NOTHING on the UNIQUE (scope, idem_key)) and enqueue its run after the
-transaction commits.
+transaction commits. A new job (not a replay of its key) must pass the owner's limits first
+(eventbus.limits: the payload's size, the running jobs, the jobs started per period); a job has
+at most one retry (the UNIQUE Job.retry_of).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 import logging
 from datetime import datetime, timedelta
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from idempotency.keys import IdemKey
@@ -24,10 +27,11 @@ from idempotency.scope import join_scope
 from idempotency.services import accept_once
 
 from . import cancellation, jobtypes, lifecycle, metrics
-from .exceptions import JobEnded, JobNotRetryable
+from .exceptions import JobAlreadyRetried, JobEnded, JobNotRetryable
 from .jobtypes import InvalidPayload, JobType, UnknownJobType
-from .limits import check_running_cap
+from .limits import check_creation_cap, check_payload_size, check_running_cap
 from .models import Job, StageRecord
+from .selectors import retry_id
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +39,10 @@ State = Job.State
 # Where jobs started or retried by code keep their keys when they have no owner (the text is
 # stored with each such job: it stays as it was when eventbus.jobs became eventbus.runs).
 OWNERLESS_SCOPE = join_scope("fn", "eventbus.jobs")
+# Where the operator's bulk retries (the admin's action, the retry_jobs command) keep their keys:
+# three parts, where a request's scope joins two (a tenant and a principal, idempotency.scope),
+# so that no user's request can take such a key first and block the retry.
+OPERATOR_SCOPE = join_scope("op", "eventbus", "retry")
 # What must be the same for one key to give one job (else IdempotencyKeyMismatch).
 SAME_REQUEST = ("domain", "event_type", "payload", "retry_of")
 
@@ -57,8 +65,10 @@ def start_job(
 ) -> tuple[Job, bool]:
     """The job of this (scope, key), started if new: (job, created). Its payload goes through
     its type's clean_payload (InvalidPayload); the same key with another type or payload raises
-    IdempotencyKeyMismatch; a new job past the owner's running cap, JobLimitReached. The run is
-    enqueued once the transaction commits. `deadline`: a datetime, or a timedelta from now."""
+    IdempotencyKeyMismatch. A new job with a payload over EVENTBUS["MAX_PAYLOAD_BYTES"] raises
+    InvalidPayload; past the owner's running cap, JobLimitReached; past their jobs started per
+    period, JobCreationLimitReached. The run is enqueued once the transaction commits.
+    `deadline`: a datetime, or a timedelta from now."""
     job_class = _job_class(job_type)
     if owner is not None and getattr(owner, "pk", None) is None:
         raise ValueError(f"start_job() needs a saved owner (a user with a primary key), not {owner!r}")
@@ -78,7 +88,9 @@ def start_job(
         owner=owner,
         deadline=deadline,
     )
-    _check_running_cap(owner, scope, idem_key)
+    if not _accepted_before(scope, idem_key):
+        check_payload_size(cleaned)
+        _check_caps(owner)
     return accept_once(job, unique=("scope", "idem_key"), same=SAME_REQUEST, on_accepted=_enqueue)
 
 
@@ -111,7 +123,9 @@ def retry_job(job_id, *, key: str | IdemKey, owner=None, scope: str | None = Non
     """A new job (`retry_of` the old one) that reuses the old job's finished stages and runs
     from the first unfinished one; its stages keep the retry chain's first job's keys. Once
     per (scope, key); the scope defaults to the owner's, the owner to the old job's. Raises
-    JobNotRetryable unless the job is FAILED, TIMED_OUT or CANCELLED; the old job is left as
+    JobNotRetryable unless the job is FAILED, TIMED_OUT or CANCELLED; JobAlreadyRetried for a
+    new key when the job has a retry already (a job has one: concurrent retries under two keys
+    give one new job and one refusal); the owner's limits as start_job. The old job is left as
     it is (its state and its stream)."""
     old = Job.objects.get(pk=job_id)
     if old.state not in Job.RETRYABLE_STATES:
@@ -132,9 +146,22 @@ def retry_job(job_id, *, key: str | IdemKey, owner=None, scope: str | None = Non
         deadline=deadline,
         retry_of=old,
     )
-    _check_running_cap(owner, scope, idem_key)
+    if not _accepted_before(scope, idem_key):
+        retried_by = retry_id(old)
+        if retried_by is not None:
+            raise JobAlreadyRetried(old, retried_by)
+        _check_caps(owner)
     with transaction.atomic():
-        job, created = accept_once(new, unique=("scope", "idem_key"), same=SAME_REQUEST, on_accepted=_enqueue)
+        try:
+            with transaction.atomic():  # a savepoint: a concurrent retry's row refuses this one
+                job, created = accept_once(
+                    new, unique=("scope", "idem_key"), same=SAME_REQUEST, on_accepted=_enqueue
+                )
+        except IntegrityError:
+            retried_by = retry_id(old)  # the UNIQUE retry_of: another key's retry won the race
+            if retried_by is None:
+                raise
+            raise JobAlreadyRetried(old, retried_by) from None
         if created:
             StageRecord.objects.bulk_create(
                 StageRecord(
@@ -158,6 +185,13 @@ def retry_key(job: Job) -> str:
     return f"retry:{job.id}"
 
 
+def retry_as_operator(job: Job) -> tuple[Job, bool]:
+    """The operator's retry of the job (the admin's action, the retry_jobs command): under
+    retry_key in OPERATOR_SCOPE, which no user's request can write; the new job is the old job's
+    owner's (it shows in their list). Raises as retry_job does."""
+    return retry_job(job.id, key=retry_key(job), scope=OPERATOR_SCOPE)
+
+
 def _job_class(value: str | type[JobType]) -> type[JobType]:
     if isinstance(value, type) and issubclass(value, JobType):
         registered = jobtypes.job_type(value.name)  # UnknownJobType unless registered
@@ -171,12 +205,17 @@ def _key(key: str | IdemKey) -> IdemKey:
     return key if isinstance(key, IdemKey) else IdemKey(str(key))
 
 
-def _check_running_cap(owner, scope: str, idem_key: IdemKey) -> None:
-    """The owner's running-jobs cap (eventbus.limits), for a new job only: a replay of a key gets
-    its job whatever the cap."""
-    if owner is None or Job.objects.filter(scope=scope, idem_key=idem_key.value).exists():
+def _accepted_before(scope: str, idem_key: IdemKey) -> bool:
+    """A job holds the key already: a replay, which gets its job whatever the limits."""
+    return Job.objects.filter(scope=scope, idem_key=idem_key.value).exists()
+
+
+def _check_caps(owner) -> None:
+    """The owner's caps on running jobs and on jobs started per period (eventbus.limits)."""
+    if owner is None:
         return
     check_running_cap(owner)
+    check_creation_cap(owner)
 
 
 def _run_is_live(job: Job) -> bool:

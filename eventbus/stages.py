@@ -22,7 +22,7 @@ from typing import Any
 from django.core.serializers.json import DjangoJSONEncoder
 from django.utils import timezone
 
-from idempotency.jsontext import json_holds_nul, nested_deeper_than
+from idempotency.jsontext import json_unstorable, nested_deeper_than
 
 from . import metrics, stagerecords
 from .jobtypes import FINAL_STAGE, JobCancelled, JobFailed, JobType, PlannedStage, StageTimeout
@@ -203,8 +203,12 @@ def run_stages(
             outcome = "failed"
             if is_cancelled is not None and _cancelled_anyway(is_cancelled):
                 outcome = "cancelled"
-                _record_failure(job, planned.name, exc)  # stopping, it failed: not retried
-                raise JobCancelled(f"Job {job_id} was cancelled; stage {planned.name!r} stopped") from exc
+                # Stopping, it failed: not retried, and recorded as the cancel that stopped it
+                # (the stage reads CANCELLED), the failure kept as its cause in the traceback.
+                stopped = JobCancelled(f"Job {job_id} was cancelled; stage {planned.name!r} stopped")
+                stopped.__cause__ = exc
+                _record_failure(job, planned.name, stopped)
+                raise stopped from exc
             if planned.stage.retryable(exc, attempt):
                 outcome = "retried"
                 delay = planned.stage.retry_delay(attempt)
@@ -266,12 +270,11 @@ def recorded(stage: str, result):
 
 
 def _refuse_nul(stage: str, what: str, text: str) -> None:
-    """One answer on every database for a NUL in what a stage records: its job fails, clearly."""
-    if json_holds_nul(text):
-        raise TypeError(
-            f"Stage {stage!r}: its {what} holds a NUL character (\\u0000), which not every "
-            "database stores (PostgreSQL's jsonb refuses it)"
-        )
+    """One answer on every database for a NUL or a lone surrogate in what a stage records: its
+    job fails, clearly (PostgreSQL's jsonb refuses either; SQLite keeps a surrogate, which
+    then fails every page that shows it)."""
+    if (found := json_unstorable(text)) is not None:
+        raise TypeError(f"Stage {stage!r}: its {what} holds {found}, which not every database stores")
 
 
 def final_event_data(job_type: type[JobType] | JobType, state: str, **data) -> dict:

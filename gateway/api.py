@@ -134,8 +134,11 @@ def job_error(job, latest: dict | None, records) -> dict | None:
 
 
 def service_problem(error: JobServiceError):
-    """A job service's refusal (an ended job, a job not retryable, the running cap) as its problem."""
-    response = problem(error.status, str(error), title=error.title, type=error.problem_type)
+    """A job service's refusal (an ended job, a job not retryable or retried already, the caps)
+    as its problem, with the error's extension members (`retried_by`)."""
+    response = problem(
+        error.status, str(error), title=error.title, type=error.problem_type, **error.problem_members()
+    )
     retry_after = getattr(error, "retry_after", None)
     if retry_after is not None:
         response["Retry-After"] = str(retry_after)

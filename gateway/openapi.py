@@ -34,10 +34,12 @@ PROBLEMS = {
     403: "Refused: a session-authenticated request without its CSRF token.",
     404: "No such job (or another user's), or a page past the end.",
     409: "A request with this Idempotency-Key is still running (retry after Retry-After seconds); "
-    "to cancel or retry: the job is not in a state that allows it.",
+    "to cancel or retry: the job is not in a state that allows it, or (to retry) it was retried "
+    "already under another key (`retried_by` names its retry).",
     422: "This Idempotency-Key was used for another request (another body or path).",
     429: "Throttled (REST_FRAMEWORK['DEFAULT_THROTTLE_RATES']['jobs']), or too many jobs running "
-    "(EVENTBUS['MAX_RUNNING_JOBS_PER_USER']): retry after Retry-After seconds.",
+    "(EVENTBUS['MAX_RUNNING_JOBS_PER_USER']), or too many started in the period "
+    "(EVENTBUS['MAX_JOBS_CREATED_PER_USER']): retry after Retry-After seconds.",
     503: "The database was unavailable: retry with the same Idempotency-Key after Retry-After seconds.",
 }
 

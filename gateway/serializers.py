@@ -16,6 +16,7 @@ from rest_framework import serializers
 from eventbus.jobtypes import registry
 from eventbus.models import STAGE_STATES, Job
 from eventbus.selectors import job_stages as selected_job_stages
+from eventbus.selectors import retry_id
 
 from .conf import gateway_settings
 
@@ -109,7 +110,8 @@ def job_stages(job, records) -> list[dict]:
                 "attempts": record.attempts if record else 0,
                 "started_at": record.started_at if record else None,
                 "finished_at": record.finished_at if record else None,
-                "error": stage_error(record),
+                # A cancel is no failure: its record's JobCancelled is for staff (the admin).
+                "error": None if row.state == "CANCELLED" else stage_error(record),
             }
         )
     return stages
@@ -133,7 +135,9 @@ class StageSerializer(serializers.Serializer):
     started_at = serializers.DateTimeField(allow_null=True)
     finished_at = serializers.DateTimeField(allow_null=True)
     error = StageErrorSerializer(
-        allow_null=True, help_text="The last failure of an attempt, until an attempt finishes the stage."
+        allow_null=True,
+        help_text="The last failure of an attempt, until an attempt finishes the stage; null for a "
+        "stage a cancel stopped (CANCELLED).",
     )
 
 
@@ -155,9 +159,18 @@ class JobSerializer(JobAcceptedSerializer):
     accepted_at = serializers.DateTimeField()
     completed_at = serializers.DateTimeField(allow_null=True)
     retry_of = serializers.SerializerMethodField(help_text="The job this one retries, if it is a retry.")
+    retried_by = serializers.SerializerMethodField(
+        help_text="The job that retries this one (a job has at most one retry), or null."
+    )
 
     def get_retry_of(self, job) -> uuid.UUID | None:
         return job.retry_of_id
+
+    def get_retried_by(self, job) -> uuid.UUID | None:
+        # The selectors annotate it (job_list, visible_job: no query per row); read it otherwise.
+        if hasattr(job, "retried_by"):
+            return job.retried_by
+        return retry_id(job)
 
 
 class JobDetailSerializer(JobSerializer):
@@ -183,4 +196,7 @@ class ProblemSerializer(serializers.Serializer):
     detail = serializers.CharField(allow_blank=True)
     errors = serializers.JSONField(  # type: ignore[assignment]
         required=False, help_text="Per field, what is wrong (a 400 on bad input)."
+    )
+    retried_by = serializers.UUIDField(
+        required=False, help_text="The job's retry, on a 409 to retry a job retried already."
     )

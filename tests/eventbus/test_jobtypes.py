@@ -278,3 +278,25 @@ def test_a_backslash_before_u0000_is_no_nul(redis_client, make_job):
     job = make_job(job_type.name)
     assert runs.run(str(job.id)) == State.COMPLETED
     assert StageRecord.objects.get(job=job).result == {"path": "C:\\u0000", "odd": "\\\\u0000"}
+
+
+def surrogate_event(self, ctx):
+    ctx.report(note="a\ud800b")
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "work",
+    [lambda self, ctx: {"note": "a\udc00"}, lambda self, ctx: {"\ud800": 1}, surrogate_event],
+    ids=["result", "key", "event"],
+)
+def test_a_lone_surrogate_in_what_a_stage_records_fails_its_job_clearly(
+    redis_client, make_job, api_client, work
+):
+    """SQLite stored it, then the job's detail and admin page failed to encode it (a 500 for
+    ever): the stage fails instead, and the job's detail says why."""
+    job_type = register(declare(name="surrogate", a=work))
+    job = make_job(job_type.name)
+    assert runs.run(str(job.id)) == State.FAILED
+    error = api_client.get(f"/api/jobs/{job.id}/").json()["error"]
+    assert error["stage"] == "a" and error["type"] == "TypeError" and "lone surrogate" in error["message"]

@@ -11,6 +11,7 @@ import sqlite3
 import subprocess
 import sys
 import uuid
+from datetime import timedelta
 
 import pytest
 from django.contrib.contenttypes.models import ContentType
@@ -197,3 +198,36 @@ def test_idempotency_migrates_alone_and_the_event_bus_can_come_later(tmp_path):
     assert "idempotency_operation" not in tables_there()
     with sqlite3.connect(database) as db:
         assert db.execute("SELECT id, idem_key FROM eventbus_job").fetchall() == [(job_id.hex, "k")]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_one_retry_per_job_keeps_the_oldest_retrys_link_of_a_job_retried_twice():
+    """0008 on a database holding a job retried twice (before the constraint): the oldest retry
+    keeps its link, the later one is unlinked (the job stays), and no second retry goes in after."""
+    apps = migrate([("eventbus", "0007_job_permissions")])
+    try:
+        Job = apps.get_model("eventbus", "Job")
+        now = timezone.now()
+
+        def job(key, **fields):
+            return Job.objects.create(
+                scope="-:1", idem_key=key, domain="scan", event_type="job.requested", **fields
+            )
+
+        old = job("old", state="FAILED", accepted_at=now)
+        later = job("later", retry_of=old, accepted_at=now + timedelta(seconds=2))
+        oldest = job("oldest", retry_of=old, accepted_at=now + timedelta(seconds=1))
+        other = job("other", state="FAILED", accepted_at=now)
+        once = job("once", retry_of=other, accepted_at=now)
+
+        apps = migrate([("eventbus", "0008_job_one_retry")])
+        Job = apps.get_model("eventbus", "Job")
+        assert Job.objects.get(pk=oldest.pk).retry_of_id == old.pk
+        assert Job.objects.get(pk=later.pk).retry_of_id is None
+        assert Job.objects.get(pk=once.pk).retry_of_id == other.pk
+        with pytest.raises(IntegrityError):
+            Job.objects.create(
+                scope="-:1", idem_key="third", domain="scan", event_type="x", retry_of_id=old.pk
+            )
+    finally:
+        migrate(MigrationExecutor(connection).loader.graph.leaf_nodes())

@@ -130,7 +130,7 @@ def test_a_long_stage_cancelled_midway_stops_at_its_next_report_and_no_later_sta
 
     assert "finish" not in lines(payload["log"])
     stopped = StageRecord.objects.get(job_id=job_id, stage="wait")
-    assert (stopped.state, stopped.error_type) == ("FAILED", "JobCancelled")
+    assert (stopped.state, stopped.error_type) == ("CANCELLED", "JobCancelled")
     assert not StageRecord.objects.filter(job_id=job_id, stage="finish").exists()
     events = assert_one_ordered_stream(broker, job_id)
     assert len([e for e in events if e[0] == "wait"]) < 40  # stopped midway

@@ -1,8 +1,10 @@
 """Retry many jobs that did not complete: `retry_jobs --state FAILED --domain payout --since 2h`.
 
-Each job is retried under the key `retry:<its id>` (eventbus.services.retry_key), in its owner's
-scope: running the command twice retries each job once. Jobs retried before (by any key) are
-left alone: their retry is the job to retry now.
+Each job is retried under the key `retry:<its id>` (eventbus.services.retry_key) in the
+operators' scope (eventbus.services.retry_as_operator), which no user's request can write; the
+new job is its owner's. Running the command twice retries each job once. Jobs retried before (by
+any key) are left alone: their retry is the job to retry now (one retried meanwhile is reported
+"already retried as <id>").
 """
 
 import re
@@ -12,10 +14,10 @@ from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from eventbus.exceptions import JobServiceError
+from eventbus.exceptions import JobAlreadyRetried, JobServiceError
 from eventbus.models import Job
 from eventbus.selectors import jobs_to_retry
-from eventbus.services import retry_job, retry_key
+from eventbus.services import retry_as_operator
 
 _AGO = re.compile(r"^(\d+)([mhd])$")
 _UNITS = {"m": "minutes", "h": "hours", "d": "days"}
@@ -61,8 +63,11 @@ class Command(BaseCommand):
                 self.stdout.write(f"would retry {what}")
                 continue
             try:
-                new, created = retry_job(job.id, key=retry_key(job))
-            except JobServiceError as exc:  # the running cap: the next run retries it
+                new, created = retry_as_operator(job)
+            except JobAlreadyRetried as exc:  # by its owner, or by another run, since the list was read
+                self.stdout.write(f"already retried {what} as {exc.retried_by}")
+                continue
+            except JobServiceError as exc:  # the owner's caps: the next run retries it
                 self.stderr.write(f"not retried {what}: {exc}")
                 continue
             retried += created
