@@ -1,10 +1,16 @@
 #!/usr/bin/env python
-import os
 import sys
 
 
 def main():
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.dev")
+    from django.core.exceptions import ImproperlyConfigured
+
+    from config.entrypoints import require_settings_module
+
+    try:
+        require_settings_module("manage.py")
+    except ImproperlyConfigured as exc:
+        sys.exit(f"manage.py: {exc}")
     from django.core.management import execute_from_command_line
 
     execute_from_command_line(sys.argv)

@@ -1,19 +1,20 @@
 """ASGI entry point: HTTP goes to Django, WebSocket to the gateway's routes."""
 
 import gc
-import os
 
 from django.core.asgi import get_asgi_application
 
-# A server of a deployment that forgot DJANGO_SETTINGS_MODULE runs with DEBUG off (and refuses
-# to start without DJANGO_SECRET_KEY); `make run` and manage.py choose the dev settings.
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.production")
+from config.entrypoints import require_settings_module
+
+# No default: a server started without DJANGO_SETTINGS_MODULE refuses (config.entrypoints).
+require_settings_module("config.asgi")
 django_asgi_app = get_asgi_application()  # sets Django up before the imports below
 
 from channels.routing import ProtocolTypeRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
 
 from gateway.asgi import JobStreamApplication  # noqa: E402
+from gateway.bodylimit import RequestBodyLimit  # noqa: E402
 
 http_app = django_asgi_app
 if settings.SERVE_STATIC:
@@ -25,7 +26,8 @@ if settings.SERVE_STATIC:
 
 application = ProtocolTypeRouter(
     {
-        "http": http_app,
+        # A body over GATEWAY["MAX_BODY_SIZE"] is refused (413) before Django reads it.
+        "http": RequestBodyLimit(http_app),
         # The origin check, session auth and routes of channels' AllowedHostsOriginValidator,
         # AuthMiddlewareStack and URLRouter, in one layer that keeps nothing per socket.
         "websocket": JobStreamApplication(),

@@ -3,10 +3,11 @@
 from celery import Celery
 from celery.signals import worker_process_shutdown
 
-# No default settings module here. This module is imported with the `config` package (its
-# __init__), before any entry point's own default: `python -m config.stack` (make run) and
-# manage.py choose the dev settings, config.asgi (the web server) production, and a worker
-# started without DJANGO_SETTINGS_MODULE refuses to start rather than run on either.
+# No default settings module, as no entry point of the demo has one (config.entrypoints): a
+# worker started without DJANGO_SETTINGS_MODULE refuses to start (Django's ImproperlyConfigured,
+# naming the variable, when Celery's Django fixup reads the settings). Not checked on import:
+# this module is imported with the `config` package (its __init__), before `python -m
+# config.stack` (make run) sets the variable for the processes it starts.
 
 app = Celery("config")
 app.config_from_object("django.conf:settings", namespace="CELERY")

@@ -5,7 +5,7 @@ redelivery after the visibility timeout) lets the copy through: exactly-once is 
 """
 
 from django.conf import settings
-from django.core.checks import Error, register
+from django.core.checks import Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
 
 from .conf import eventbus_settings
@@ -151,5 +151,29 @@ def check_cluster_client(app_configs=None, **kwargs):
             f"{'.'.join(map(str, release))} is installed.",
             hint='pip install "redis[hiredis]>=8.0,<8.2"',
             id="eventbus.E010",
+        )
+    ]
+
+
+@register(Tags.security)
+def check_passwords_in_error_reports(app_configs=None, **kwargs):
+    """A setting holding a URL with its password (REDIS_URL, CACHES...) that error reports (the
+    DEBUG page, the e-mails to ADMINS) would show: the exception reporter filter in use keeps it."""
+    from .reporting import settings_showing_passwords
+
+    try:
+        shown = settings_showing_passwords()
+    except (
+        ImproperlyConfigured
+    ):  # a setting Django refuses to read (an empty SECRET_KEY): its own check says so
+        return []
+    if not shown:
+        return []
+    return [
+        Warning(
+            f"Error reports (the DEBUG page, the error e-mails to ADMINS) would show the password of a "
+            f"URL in {', '.join(shown)}: the exception reporter filter in use does not hide it.",
+            hint='Set DEFAULT_EXCEPTION_REPORTER_FILTER = "eventbus.reporting.SafeExceptionReporterFilter".',
+            id="eventbus.W001",
         )
     ]

@@ -12,8 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db import transaction
 from django.utils import timezone
+
+from idempotency.transactions import write_transaction
 
 from .models import Job, StageRecord
 
@@ -42,7 +43,8 @@ def delete_ended_jobs(
         return Deleted(jobs.count(), StageRecord.objects.filter(job__in=jobs).count())
     total_jobs = total_records = 0
     while batch := list(jobs.values_list("pk", flat=True)[:batch_size]):
-        with transaction.atomic():
+        # On SQLite, the write lock first: Django's cascade reads the batch before it deletes.
+        with write_transaction():
             # The batch's rows, checked again: a job cannot leave a final state, but the filter
             # keeps the delete to what was selected whatever happens meanwhile.
             _, counts = jobs.filter(pk__in=batch).delete()  # cascades to StageRecord

@@ -1,5 +1,5 @@
-"""System checks: the middleware must run after the middleware it depends on, and the
-IDEMPOTENCY settings must be valid."""
+"""System checks: the middleware must run after the middleware it depends on, the
+IDEMPOTENCY settings must be valid, and a SQLite database should take its write lock at BEGIN."""
 
 from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
@@ -119,3 +119,34 @@ def check_problem_documentation(app_configs=None, **kwargs):
             )
         ]
     return []
+
+
+@register()
+def check_sqlite_transaction_mode(app_configs=None, **kwargs):
+    """A SQLite database whose transactions are DEFERRED: one that reads and then writes fails at
+    once with "database is locked" while another connection writes (SQLite's busy timeout does
+    not wait there). The toolkit's own transactions take the lock first
+    (idempotency.transactions); the project's views, admin and stages do not."""
+    from django.db import connections
+
+    return deferred_sqlite_warnings(connections)
+
+
+def deferred_sqlite_warnings(handler) -> list[Warning]:
+    """idempotency.W002 for each database of `handler` (django.db.connections) that defers
+    SQLite's write lock."""
+    from .transactions import defers_write_lock
+
+    return [
+        Warning(
+            f"DATABASES[{alias!r}] is SQLite with DEFERRED transactions: a transaction that reads and "
+            'then writes fails with "database is locked" as soon as another request or the worker '
+            "writes at the same time.",
+            hint=f'Add "transaction_mode": "IMMEDIATE" to DATABASES[{alias!r}][\'OPTIONS\']: every '
+            "transaction then takes the write lock at BEGIN, waiting for it up to the OPTIONS' "
+            '"timeout" (5 s unless set).',
+            id="idempotency.W002",
+        )
+        for alias in handler
+        if defers_write_lock(handler[alias])
+    ]

@@ -82,6 +82,11 @@ DEFAULTS = {
     # a django-redis cache (checks: idempotency.E008), whose entries are signed JSON, never pickles.
     "CACHE_ALIAS": "default",
     "SCOPE_RESOLVER": "idempotency.scope.UserScopeResolver",
+    # How many of the answers the middleware gives itself (replays, 409, 422, a missing or
+    # malformed key's 400) one principal may get, for views that are not DRF's (whose own
+    # throttles count those), per principal: DRF's rate syntax ("120/min"); a 429 problem past it.
+    # None (the default): no limit.
+    "THROTTLE_RATE": None,
     # 4xx statuses that are not final answers to the request, so never replayed.
     "NOT_STORED_STATUSES": (400, 401, 403, 408, 409, 429),
     # Response headers restored on replay; everything else (Set-Cookie first) is dropped.

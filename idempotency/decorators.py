@@ -15,7 +15,7 @@ from .conf import idempotency_settings
 from .exceptions import IdempotencyInProgress, IdempotencyKeyMismatch
 from .execution import run_leased, transaction_aliases
 from .fingerprint import call_fingerprint
-from .jsontext import MAX_JSON_DEPTH, nested_deeper_than
+from .jsontext import MAX_JSON_DEPTH, json_holds_lone_surrogate, nested_deeper_than
 from .keys import IdemKey, InvalidKey
 from .policy import ATTRIBUTE, REQUIRED, ViewPolicy
 from .responses import StoredResponse
@@ -200,6 +200,11 @@ def _stored_result(result) -> StoredResponse:
         raise TypeError(
             f"An @idempotent function must return JSON-serialisable data, not nested too deep "
             f"(more than {MAX_JSON_DEPTH} levels)."
+        )
+    if json_holds_lone_surrogate(text):
+        raise TypeError(
+            "An @idempotent function must return JSON-serialisable data: its result holds a lone "
+            "surrogate (\\ud800 to \\udfff), which is not Unicode text."
         )
     body = text.encode()
     return StoredResponse(200, (("Content-Type", "application/json"),), body)

@@ -82,6 +82,20 @@ class DatabaseUnavailable(IdempotencyError):
         self.retry_after = retry_after
 
 
+class IdempotencyThrottled(IdempotencyError):
+    """Too many requests answered by the idempotency layer itself (replays, keys in progress or
+    reused, missing or malformed keys) for this principal: IDEMPOTENCY["THROTTLE_RATE"]."""
+
+    status = 429
+    title = "Too many requests"
+    type = "urn:problem:idempotency-throttled"
+    remedy = "Wait for the seconds in Retry-After, then retry with the same key."
+
+    def __init__(self, message: str = "", retry_after: int = 1):
+        super().__init__(message or f"Request was throttled. Expected available in {retry_after} seconds.")
+        self.retry_after = retry_after
+
+
 def documented_errors() -> dict[str, type[IdempotencyError]]:
     """The problem types of this app by their slug (`urn:problem:<slug>`), for their pages."""
     errors: list[type[IdempotencyError]] = [
@@ -91,5 +105,6 @@ def documented_errors() -> dict[str, type[IdempotencyError]]:
         IdempotencyInProgress,
         LeaseLost,
         DatabaseUnavailable,
+        IdempotencyThrottled,
     ]
     return {error.type.rpartition(":")[2]: error for error in errors}

@@ -29,6 +29,7 @@ from .keys import IdemKey
 from .models import IdempotencyRecord
 from .responses import StoredResponse
 from .stores.base import Acquisition, BaseStore, Lease, Outcome
+from .transactions import write_transaction
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +89,8 @@ def run_leased(
         try:
             with ExitStack() as stack:
                 for alias in aliases:
-                    stack.enter_context(transaction.atomic(using=alias))
+                    # On SQLite, the write lock first: the work reads before it writes.
+                    stack.enter_context(write_transaction(alias))
                 result = work()
                 answer = to_stored(result)
                 if isinstance(answer, StoredResponse):

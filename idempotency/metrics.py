@@ -8,7 +8,8 @@ from prometheus_client import Counter
 # outcome: miss (first execution), replay, conflict (in flight, 409), mismatch (422),
 # invalid (missing or malformed key, 400), takeover (expired lease taken over), lease_lost,
 # not_stored (a non-atomic view's answer given unstored), database_unavailable (503: the
-# database connection failed during the request).
+# database connection failed during the request), throttled (429 instead of one of the
+# layer's own answers: idempotency.throttling).
 REQUESTS = Counter(
     "idempotency_requests_total", "Requests seen by the idempotency layer, by outcome", ["outcome"]
 )
@@ -22,6 +23,7 @@ for _outcome in (
     "lease_lost",
     "not_stored",
     "database_unavailable",
+    "throttled",
 ):
     REQUESTS.labels(_outcome)
 

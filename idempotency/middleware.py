@@ -37,6 +37,7 @@ from .problems import problem_from_error
 from .responses import STORED_HEADER, StoredResponse, capture, is_refusal, is_storable, refused_status, replay
 from .scope import resolve_scope
 from .stores.base import Acquisition, Outcome
+from .throttling import throttled_answer
 
 # A lost or refused database connection: the request's transaction, if any, is gone with it.
 CONNECTION_ERRORS = (OperationalError, InterfaceError)
@@ -148,14 +149,29 @@ class IdempotencyMiddleware:
         scope = resolve_scope(request, view_func)
         if scope is None:
             return None  # not authenticated: the view refuses the request, nothing is stored
+
+        def own(answer):
+            """An answer the view does not give (so its throttles never see it): counted by
+            them, or by IDEMPOTENCY["THROTTLE_RATE"], first (idempotency.throttling)."""
+            throttled = throttled_answer(request, view_func, view_args, view_kwargs, scope)
+            if throttled is not None:
+                metrics.count("throttled")
+                return throttled
+            return answer()
+
         if raw_key is None:
             metrics.count("invalid")
-            return problem_from_error(IdempotencyKeyMissing(f"This endpoint requires an {header} header."))
+            return own(
+                lambda: problem_from_error(
+                    IdempotencyKeyMissing(f"This endpoint requires an {header} header.")
+                )
+            )
         try:
             key = IdemKey.parse(raw_key)
         except InvalidKey as exc:
             metrics.count("invalid")
-            return problem_from_error(IdempotencyKeyInvalid(str(exc)))
+            invalid = IdempotencyKeyInvalid(str(exc))
+            return own(lambda: problem_from_error(invalid))
 
         store = idempotency_settings.STORE()
         fingerprint = request_fingerprint(request)
@@ -180,12 +196,12 @@ class IdempotencyMiddleware:
             outcome = known or run_locked(
                 store, lambda: store.claim(**claim, using=using), run_view, answer_of, aliases=aliases
             )
-            return outcome.result if isinstance(outcome, Ran) else refusal(outcome)
+            return outcome.result if isinstance(outcome, Ran) else own(lambda: refusal(outcome))
 
         lease_seconds = policy.lease_seconds or idempotency_settings.LEASE_SECONDS
         acquisition = store.acquire(**claim, lease_seconds=lease_seconds)
         if acquisition.outcome is not Outcome.ACQUIRED:
-            return refusal(acquisition)
+            return own(lambda: refusal(acquisition))
         assert acquisition.lease is not None
         try:
             ran = run_leased(

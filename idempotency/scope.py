@@ -39,9 +39,16 @@ def authenticate(request, view_func):
         view.action_map = view_func.actions
     keep_body_for_csrf_check(request)
     drf_request = view.initialize_request(request)
+    session_user = request.__dict__.get("user")  # AuthenticationMiddleware's, if any
     try:
         user = drf_request.user
     except APIException:
+        # DRF's failed authentication set Django's request.user to AnonymousUser. Put the
+        # session's user back, so that the view's own authentication fails alike: DRF's
+        # SessionAuthentication then refuses a logged-in user's POST without its CSRF token
+        # (403 "CSRF Failed"), instead of finding no user at all (401 "not provided").
+        if session_user is not None:
+            request.user = session_user
         return None
     if user is not None and user.is_authenticated:
         hand_over_authentication(request, user, drf_request.auth)

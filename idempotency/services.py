@@ -23,7 +23,7 @@ from django.core.exceptions import BadRequest
 from django.db import IntegrityError, models, transaction
 
 from .exceptions import IdempotencyKeyMismatch
-from .jsontext import json_holds_nul, nested_deeper_than
+from .jsontext import json_unstorable, nested_deeper_than, text_is_unicode
 from .upsert import insert
 
 Row = TypeVar("Row", bound=models.Model)
@@ -31,7 +31,8 @@ Row = TypeVar("Row", bound=models.Model)
 
 class UnstorableRow(BadRequest, ValueError):
     """A row no database stores alike: a NUL character in a text or JSON field (SQLite keeps it,
-    PostgreSQL's text and jsonb refuse it), NaN or infinity, or JSON nested too deep to
+    PostgreSQL's text and jsonb refuse it), a lone surrogate (SQLite keeps it, then every page
+    that shows the row fails to encode it), NaN or infinity, or JSON nested too deep to
     serialise. A BadRequest, so that a view that lets it through answers 400, and its
     Idempotency-Key is free again."""
 
@@ -48,7 +49,7 @@ def accept_once(
     Race-safe on the model's UNIQUE constraint over `unique`: concurrent accepts of one key get
     one row, and `on_accepted` (enqueue the work) runs once, after the creating transaction
     commits. A winner whose `same` fields (a foreign key compared by its id) differ from the
-    row's raises IdempotencyKeyMismatch; a NUL character, NaN or JSON nested too deep,
+    row's raises IdempotencyKeyMismatch; a NUL character, a lone surrogate, NaN or JSON nested too deep,
     UnstorableRow (nothing is stored).
     """
     _check_storable(row)
@@ -89,6 +90,8 @@ def _check_storable(row: models.Model) -> None:
             _check_json(field.name, value)
         elif isinstance(value, str) and "\x00" in value:
             raise UnstorableRow(f"The {field.name} holds a NUL character.")
+        elif isinstance(value, str) and not text_is_unicode(value):
+            raise UnstorableRow(f"The {field.name} holds a lone surrogate (not Unicode text).")
 
 
 def _check_json(name: str, value) -> None:
@@ -104,5 +107,5 @@ def _check_json(name: str, value) -> None:
         raise UnstorableRow(f"The {name} holds a number JSON cannot carry (NaN or infinity).") from None
     if nested_deeper_than(value, serialised):
         raise UnstorableRow(f"The {name} is nested too deep to store.")
-    if json_holds_nul(serialised):
-        raise UnstorableRow(f"The {name} holds a NUL character (\\u0000).")
+    if (what := json_unstorable(serialised)) is not None:
+        raise UnstorableRow(f"The {name} holds {what}.")

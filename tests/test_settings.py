@@ -14,7 +14,7 @@ from tests.processes import BASE_DIR
 
 pytestmark = pytest.mark.processes
 
-PRODUCTION = {"ALLOWED_HOSTS": "example.com"}
+PRODUCTION = {"ALLOWED_HOSTS": "example.com", "REDIS_URL": "redis://:made-up@redis.example.com:6379/0"}
 HTTPS_SETTINGS = (
     "SECURE_SSL_REDIRECT",
     "SECURE_HSTS_SECONDS",
@@ -123,28 +123,44 @@ def test_a_test_run_leaves_no_sqlite_files_in_run_dir(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("test-")) == []
 
 
-@pytest.mark.parametrize("entry_point", ["config.asgi"])
-def test_a_server_started_without_settings_gets_production_not_debug(entry_point):
-    """The web entry point of a deployment that forgot DJANGO_SETTINGS_MODULE loads the
-    production settings (DEBUG off), which refuse to start without their secret key, instead of
-    the development ones (DEBUG on, a public SECRET_KEY)."""
-    env = environment()
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["manage.py", "check"],
+        ["-c", "import config.asgi"],
+    ],
+    ids=["manage.py", "asgi"],
+)
+def test_no_entry_point_chooses_settings_for_you(command):
+    """manage.py ran on the dev settings (DEBUG on, a public SECRET_KEY) without
+    DJANGO_SETTINGS_MODULE, while the server took production's: one rule now, each refuses,
+    naming the variable, even with every production variable set (the Celery worker: below)."""
+    env = environment(**PRODUCTION)
     env.pop("DJANGO_SETTINGS_MODULE", None)
-    env.pop("DJANGO_SECRET_KEY", None)
-    code = f"import {entry_point}; from django.conf import settings; print(settings.DEBUG, settings.SETTINGS_MODULE)"
+    done = subprocess.run(
+        [sys.executable, *command], cwd=BASE_DIR, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode != 0, done.stdout
+    assert "DJANGO_SETTINGS_MODULE" in done.stderr
+    assert "System check identified" not in done.stdout
 
-    def run():
-        return subprocess.run(
-            [sys.executable, "-c", code], cwd=BASE_DIR, env=env, capture_output=True, text=True, timeout=60
-        )
 
-    done = run()
+def test_production_refuses_to_start_without_its_redis_url():
+    """Without REDIS_URL the bus, the cache and the broker fell back to an unauthenticated
+    127.0.0.1:6379."""
+    env = environment(DJANGO_SETTINGS_MODULE="config.settings.production", **PRODUCTION)
+    del env["REDIS_URL"]
+    code = "from django.conf import settings; print(settings.REDIS_URL)"
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=BASE_DIR, env=env, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode != 0
-    assert "ImproperlyConfigured" in done.stderr and "DJANGO_SECRET_KEY" in done.stderr
-    env["DJANGO_SECRET_KEY"] = secrets.token_urlsafe(50)
-    done = run()
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["False", "config.settings.production"]
+    assert "ImproperlyConfigured" in done.stderr and "REDIS_URL" in done.stderr
+    env["REDIS_URL"] = PRODUCTION["REDIS_URL"]
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=BASE_DIR, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0 and done.stdout.strip() == PRODUCTION["REDIS_URL"], done.stderr
 
 
 def test_a_worker_started_without_settings_refuses_to_start():

@@ -1,6 +1,7 @@
 """Production: every secret and host comes from the environment, and HTTPS is the only way in.
 
-- DJANGO_SECRET_KEY, ALLOWED_HOSTS (comma-separated): required.
+- DJANGO_SECRET_KEY, ALLOWED_HOSTS (comma-separated), REDIS_URL: required (without REDIS_URL the
+  event bus, the cache and the broker would fall back to an unauthenticated 127.0.0.1:6379).
 - SECURE_SSL_REDIRECT, default 1: plain-HTTP requests are redirected to HTTPS (0 when the proxy in
   front redirects them itself).
 - SECURE_HSTS_SECONDS, default 31536000 (a year): a browser that saw the site once uses only HTTPS
@@ -27,6 +28,11 @@ if not SECRET_KEY:
     raise ImproperlyConfigured(
         "config.settings.production needs DJANGO_SECRET_KEY (and ALLOWED_HOSTS) in the environment. "
         "For development, set DJANGO_SETTINGS_MODULE=config.settings.dev or use `make run`."
+    )
+if not os.environ.get("REDIS_URL"):
+    raise ImproperlyConfigured(
+        "config.settings.production needs REDIS_URL in the environment (redis://:PASSWORD@host:6379/0, "
+        "or a redis+sentinel:// URL): it does not fall back to an unauthenticated 127.0.0.1:6379."
     )
 SESSION_COOKIE_SECURE = True
 CSRF_COOKIE_SECURE = True

@@ -218,3 +218,69 @@ def test_an_integrity_error_that_is_not_the_keys_race_is_raised_not_taken_for_on
     monkeypatch.setattr(services, "insert", violate)
     with pytest.raises(IntegrityError, match="some other constraint"):
         accept()
+
+
+# A lone surrogate: valid JSON text, no Unicode character. SQLite stored it (201), then the job's
+# detail and its admin page failed to encode it: a 500 for ever.
+LONE_SURROGATE_BODIES = [
+    b'{"domain": "scan", "payload": {"x": "\\ud800"}}',
+    b'{"domain": "scan", "payload": {"\\uDC00key": 1}}',
+    b'{"domain": "scan", "payload": {"x": ["ok", "\\ud83d\\ude00\\ude00"]}}',
+]
+
+
+@pytest.mark.parametrize("body", LONE_SURROGATE_BODIES, ids=["value", "key-uppercase", "after-a-pair"])
+def test_the_jobs_api_answers_a_lone_surrogate_with_a_400_problem_and_frees_the_key(client_for, user, body):
+    from eventbus.models import Job
+
+    client = client_for(user)
+    refused = send(client, "/api/jobs/", body, "job-surrogate")
+    assert refused.status_code == 400
+    assert refused["Content-Type"] == "application/problem+json"
+    assert "surrogate" in refused.json()["detail"]
+    assert not Job.objects.exists()
+    emoji = send(
+        client, "/api/jobs/", b'{"domain": "scan", "payload": {"x": "\\ud83d\\ude00"}}', "job-surrogate"
+    )
+    assert emoji.status_code == 201
+    assert client.get(f"/api/jobs/{emoji.json()['job_id']}/").json()["payload"] == {"x": "\U0001f600"}
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"payload": {"x": "\ud800"}},
+        {"payload": {"\udfff": 1}},
+        {"payload": {"x": ["a\udc00b"]}},
+        {"biz_key": "a\ud800"},
+    ],
+    ids=["payload-value", "payload-key", "payload-nested", "biz_key"],
+)
+def test_accept_refuses_a_lone_surrogate(fields):
+    from eventbus.models import Job
+    from idempotency.services import UnstorableRow
+
+    with pytest.raises(UnstorableRow, match="lone surrogate"):
+        accept(**fields)
+    assert not Job.objects.exists()
+
+
+def test_start_job_refuses_a_lone_surrogate_and_keeps_an_escaped_backslash(user):
+    from eventbus.models import Job
+    from eventbus.services import start_job
+    from idempotency.services import UnstorableRow
+
+    with pytest.raises(UnstorableRow, match="lone surrogate"):
+        start_job("scan", {"x": "\ud800"}, key="surrogate", owner=user)
+    assert not Job.objects.exists()
+    job, created = start_job("scan", {"x": "\\ud800 is six characters"}, key="surrogate", owner=user)
+    assert created and Job.objects.get().payload == {"x": "\\ud800 is six characters"}
+
+
+def test_idempotent_refuses_a_result_with_a_lone_surrogate():
+    @idempotent(operation="surrogate", scope=GLOBAL)
+    def answer(*, idempotency_key):
+        return {"x": "\ud800"}
+
+    with pytest.raises(TypeError, match="lone surrogate"):
+        answer(idempotency_key="k1")

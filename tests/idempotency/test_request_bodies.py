@@ -215,3 +215,19 @@ def test_a_browsers_keyed_json_post_with_its_session_and_csrf_token_runs_once(us
     assert again.status_code == 201 and again["Idempotent-Replayed"] == "true"
     assert again.json()["job_id"] == first.json()["job_id"]
     assert Job.objects.count() == 1
+
+
+@pytest.mark.parametrize("key", [None, "csrf-1"], ids=["unkeyed", "keyed"])
+def test_a_session_post_without_its_csrf_token_is_drfs_403_keyed_or_not(user, key):
+    """The middleware authenticates a keyed request with the view's authenticators; a failure
+    there left Django's request.user anonymous, so the view's SessionAuthentication no longer saw
+    the session: a 401 "credentials were not provided" instead of DRF's 403 "CSRF Failed"."""
+    client = Client(enforce_csrf_checks=True)
+    client.login(username="alice", password="pw-alice")  # a real session login
+    client.cookies["csrftoken"] = _get_new_csrf_string()  # the cookie, not the header
+    headers = {"HTTP_IDEMPOTENCY_KEY": key} if key else {}
+    body = json.dumps({"domain": "scan", "payload": {}})
+    refused = client.post("/api/jobs/", body, content_type="application/json", **headers)
+    assert refused.status_code == 403, refused.content
+    assert "CSRF Failed" in refused.json()["detail"]
+    assert not Job.objects.exists()
