@@ -156,6 +156,7 @@ def bench_env(redis_url: str, database_url: str) -> dict:
         DATABASE_URL=database_url,
         LOG_LEVEL="WARNING",
         PYTHONUNBUFFERED="1",
+        MAX_SOCKETS_PER_USER="0",  # every socket is the bench user's
     )
     return env
 

@@ -2,7 +2,9 @@
 
 Its public API, importable from here: `JobStreamApplication`, for the "websocket" slot of a
 project's ProtocolTypeRouter, or channels' own stack over `websocket_urlpatterns` (routed to
-`JobStreamConsumer`). The jobs API and the page are URLs (`include("gateway.urls")`), uvicorn's
+`JobStreamConsumer`); `RequestBodyLimit`, around the "http" application, refusing a request body
+over GATEWAY["MAX_BODY_SIZE"] (413) before it is read (`RequestBodyLimitMiddleware` under WSGI).
+The jobs API and the page are URLs (`include("gateway.urls")`), uvicorn's
 protocol a command-line path (`--ws gateway.uvicorn:WebSocketProtocol`, the `uvicorn` extra).
 Each name is imported on first use: Django imports the package (INSTALLED_APPS) before its app
 registry is ready, so importing it must not pull in models, Redis clients or settings.
@@ -11,6 +13,8 @@ registry is ready, so importing it must not pull in models, Redis clients or set
 _EXPORTS = {
     "JobStreamApplication": "gateway.asgi",
     "JobStreamConsumer": "gateway.consumers",
+    "RequestBodyLimit": "gateway.bodylimit",
+    "RequestBodyLimitMiddleware": "gateway.bodylimit",
     "websocket_urlpatterns": "gateway.routing",
 }
 

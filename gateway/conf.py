@@ -24,6 +24,17 @@ DEFAULTS = {
     # `page_size`. (The jobs API's throttle rate is DRF's setting, REST_FRAMEWORK
     # ["DEFAULT_THROTTLE_RATES"]["jobs"], "120/min" when unset: gateway.throttling.)
     "JOBS_PAGE_SIZE": 20,
+    # The most bytes a request body may have, refused with a 413 problem before it is read
+    # (gateway.bodylimit: RequestBodyLimit under ASGI, RequestBodyLimitMiddleware under WSGI).
+    # None: no limit. Above DATA_UPLOAD_MAX_MEMORY_SIZE (2.5 MB), so that Django's own check
+    # still answers a form that is too large, and a file upload of a few MB passes.
+    "MAX_BODY_SIZE": 10 * 1024 * 1024,
+    # Path prefixes with a limit of their own (the longest matching prefix wins; None: no limit):
+    # {"/uploads/": 500 * 1024 * 1024}.
+    "MAX_BODY_SIZE_BY_PATH": {},
+    # Job stream sockets one user may hold open in one server process; the next one is closed with
+    # 4429 (gateway.consumers). None or 0: no cap.
+    "MAX_SOCKETS_PER_USER": 100,
 }
 
 gateway_settings = AppSettings("GATEWAY", DEFAULTS)

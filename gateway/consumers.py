@@ -13,9 +13,11 @@ the job left, or no final event of it, the client gets the outcome as a reset fr
 Close codes: 4400 bad parameters, 4401 not logged in (at connect, or the session ended since:
 a logout, a password change, the user deactivated; gateway.sessions checks them every
 GATEWAY["SESSION_CHECK_SECONDS"]), 4404 no such job or not yours (one code
-for both, as the HTTP API's 404: a stranger learns nothing), 4008 client too slow, 1011 the
-server failed (the client resumes with last_seq), or refuses to stream from a Redis that is not
-safe for the bus (EVENTBUS["REDIS_DURABILITY"] = "refuse").
+for both, as the HTTP API's 404: a stranger learns nothing), 4429 the user holds
+GATEWAY["MAX_SOCKETS_PER_USER"] sockets in this process already (gateway.socketcap), 4008 client
+too slow, 1003 the client sent a data frame (the stream is one-way: it sends nothing but pings,
+which the server answers), 1011 the server failed (the client resumes with last_seq), or refuses
+to stream from a Redis that is not safe for the bus (EVENTBUS["REDIS_DURABILITY"] = "refuse").
 """
 
 from __future__ import annotations
@@ -50,11 +52,13 @@ from .conf import gateway_settings
 from .hub import Frame, History, get_hub
 from .servers import ClientGone
 from .sessions import get_session_watch
+from .socketcap import sockets_per_user
 from .states import job_state
 
 logger = logging.getLogger(__name__)
 
 BAD_REQUEST, NOT_LOGGED_IN, NOT_FOUND, TOO_SLOW = 4400, 4401, 4404, 4008
+TOO_MANY_SOCKETS, UNSUPPORTED_DATA = 4429, 1003
 # A lost or refused database connection (database_sync_to_async drops it: the next try gets a new one).
 DATABASE_AWAY = (OperationalError, InterfaceError)
 
@@ -123,6 +127,7 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
     # The session the socket was authorized with, and its user: checked again (gateway.sessions).
     session_key: str | None = None
     user_id = None
+    counted_user = None  # the user whose socket count this socket holds one of (gateway.socketcap)
 
     async def __call__(self, scope, receive, send):
         """channels' consumer loop without its task per receive and its wait on them: this
@@ -158,6 +163,10 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
             self.last_sent = parse_last_seq(self.scope.get("query_string", b""))
             if user is None or not user.is_authenticated:
                 raise RefuseConnection(NOT_LOGGED_IN, "Log in first.")
+            # Counted before the first await, so that sockets opened at once are counted alike.
+            if not sockets_per_user.take(user.pk):
+                raise RefuseConnection(TOO_MANY_SOCKETS, "Too many open sockets: close one first.")
+            self.counted_user = user.pk
             self.job = await retrying(
                 lambda: find_job(user, job_id),
                 DATABASE_AWAY,
@@ -196,6 +205,9 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
     async def disconnect(self, code):
         self.closing = True
         self.live = False
+        if self.counted_user is not None:
+            sockets_per_user.release(self.counted_user)
+            self.counted_user = None
         if self.session_key:
             get_session_watch().discard(self)
         if self.channel:
@@ -209,7 +221,11 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
             await asyncio.wait({task}, timeout=2)
 
     async def receive(self, text_data=None, bytes_data=None):
-        pass  # the stream is one-way; the client resumes by reconnecting with last_seq
+        # The stream is one-way (the client resumes by reconnecting with last_seq): a client that
+        # sends data is not one of ours, and is not kept to send more.
+        if not self.closing:
+            logger.info("job socket %s: the client sent a data frame; closing 1003", self.job_id)
+            self._close_with(UNSUPPORTED_DATA, "The stream is one-way: send nothing.")
 
     # Called by the hub, synchronously, on the event loop.
     def deliver(self, frame: Frame) -> None:

@@ -257,7 +257,7 @@ class Worker(Process):
 
 class Web(Process):
     """The gateway's server serving config.asgi on 127.0.0.1:<port>, as the Procfile runs it
-    (uvicorn, gateway.uvicorn's protocol, no per-message deflate)."""
+    (uvicorn, gateway.uvicorn's protocol, no per-message deflate, the same limits)."""
 
     ready_text = "Uvicorn running on"
 
@@ -267,6 +267,10 @@ class Web(Process):
             "config.asgi:application",
             *("--host", "127.0.0.1", "--port", str(port)),
             *("--ws", "gateway.uvicorn:WebSocketProtocol", "--ws-per-message-deflate", "false"),
+            # The Procfile's limits (a deadline for a request's head: gateway.uvicorn:HTTPProtocol) (docs/howto/deploy.md#limits).
+            *("--ws-max-size", "4096", "--ws-ping-interval", "20", "--ws-ping-timeout", "20"),
+            *("--http", "gateway.uvicorn:HTTPProtocol", "--timeout-keep-alive", "5"),
+            *("--limit-concurrency", "10000"),
             *("--lifespan", "off"),
             name="web",
             env=env,

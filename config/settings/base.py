@@ -96,10 +96,16 @@ def database_from_env(default_sqlite_path):
 
 DATABASES = {"default": database_from_env(BASE_DIR / "db.sqlite3")}
 METRICS_TOKEN = os.environ.get("METRICS_TOKEN") or None
+# One user's job stream sockets per web process (gateway.socketcap); 0: no cap (the gateway
+# benchmark holds thousands of one user's sockets).
+GATEWAY = {"MAX_SOCKETS_PER_USER": int(os.environ.get("MAX_SOCKETS_PER_USER", "100"))}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 CACHE_URL = os.environ.get("CACHE_URL") or REDIS_URL
+# The Redis URLs carry the server's password: error reports (the DEBUG page, the e-mails to
+# ADMINS) show them with it masked, nested settings and the request's environment included.
+DEFAULT_EXCEPTION_REPORTER_FILTER = "eventbus.reporting.SafeExceptionReporterFilter"
 
 
 def redis_cache(location: str, key_prefix: str) -> dict:

@@ -27,6 +27,13 @@ is sent, which the subclass below needs: older releases take the fallback.
   the same (bench/REPORT-gateway.md, change 9). Fallback: uvicorn's own protocol, as its
   `--ws websockets-sansio` names it, or as `--ws websockets` does in a release without that one:
   the same streams, with those 9 KB more a socket.
+- `http_protocol()`: the class `--http gateway.uvicorn:HTTPProtocol` names. The internal: uvicorn's
+  h11 protocol (`uvicorn.protocols.http.h11_impl.H11Protocol`), which waits without end for a
+  request's head (its `--timeout-keep-alive` runs only between requests, and stops at the first
+  byte): subclassed to close a connection whose request head is not in, whole, within
+  `--timeout-keep-alive` seconds of the connection or of its first byte (a connection that sends
+  nothing, or a head a byte at a time). Fallback: uvicorn's own protocol as its `--http auto`
+  names it, which holds such connections until the client goes (the proxy in front must close them).
 - `CLIENT_GONE` and `reporting_gone(send)`: what a send to a client that just left raises (the
   consumer stops sending, nothing failed). The internal: `uvicorn.protocols.utils.ClientDisconnected`,
   the error uvicorn raises then; `reporting_gone` is the send as given. Fallback: what the ASGI spec
@@ -197,6 +204,62 @@ def lean_protocol() -> type[asyncio.Protocol]:
 
     WebSocketProtocol.__qualname__ = "WebSocketProtocol"
     return WebSocketProtocol
+
+
+@functools.cache
+def head_timeout_protocol() -> type[asyncio.Protocol]:
+    """uvicorn's h11 protocol with a deadline for each request's head (made on first use)."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HTTPProtocol(H11Protocol):
+        head_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._await_head()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.conn.their_state is not h11.IDLE or self.transport.is_closing():
+                self._head_in()  # a request is in (or the connection ends): its head came whole
+            elif self.head_timer is None:
+                self._await_head()  # the first bytes of a next request's head: from now on
+
+        def handle_websocket_upgrade(self, event: h11.Request) -> None:
+            self._head_in()
+            super().handle_websocket_upgrade(event)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._head_in()
+            super().connection_lost(exc)
+
+        def _await_head(self) -> None:
+            self.head_timer = self.loop.call_later(self.timeout_keep_alive, self._head_late)
+
+        def _head_in(self) -> None:
+            if self.head_timer is not None:
+                self.head_timer.cancel()
+                self.head_timer = None
+
+        def _head_late(self) -> None:
+            self.head_timer = None
+            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+                self.transport.close()
+
+    HTTPProtocol.__qualname__ = "HTTPProtocol"
+    return HTTPProtocol
+
+
+def public_http_protocol() -> type[asyncio.Protocol]:
+    """uvicorn's own HTTP protocol, as its `--http auto` names it."""
+    from uvicorn.config import HTTP_PROTOCOLS
+    from uvicorn.importer import import_from_string
+
+    return import_from_string(HTTP_PROTOCOLS["auto"])
+
+
+http_protocol = head_timeout_protocol if INTERNALS else public_http_protocol
 
 
 def public_protocol() -> type[asyncio.Protocol]:

@@ -13,6 +13,16 @@ from gateway.hub import close_hub
 from gateway.sessions import close_session_watch
 
 
+@pytest.fixture(autouse=True)
+def socket_counts_cleared():
+    """A socket a test drops without its disconnect (a communicator left open) keeps its place
+    under the per-user cap: forgotten after each test, whose users' ids the next may reuse."""
+    yield
+    from gateway.socketcap import sockets_per_user
+
+    sockets_per_user.clear()
+
+
 @pytest.fixture
 async def hub_closed():
     yield
@@ -131,16 +141,16 @@ async def publish_and_route(job, seqs) -> None:
 
 
 @contextlib.asynccontextmanager
-async def uvicorn_server(ws):
+async def uvicorn_server(ws, **options):
     """A real uvicorn server serving config.asgi on a free port, with the WebSocket protocol `ws`
-    (a class, or a name of uvicorn's --ws option)."""
+    (a class, or a name of uvicorn's --ws option) and uvicorn.Config's `options` (ws_max_size...)."""
     import uvicorn
 
     from config.asgi import application
     from config.redis_server import free_port
 
     config = uvicorn.Config(
-        application, host="127.0.0.1", port=free_port(), ws=ws, lifespan="off", log_level="warning"
+        application, host="127.0.0.1", port=free_port(), ws=ws, lifespan="off", log_level="warning", **options
     )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())

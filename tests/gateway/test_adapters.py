@@ -306,6 +306,7 @@ def test_a_release_outside_the_range_tested_takes_the_public_api(load, releases)
     assert channels.connection_app(app) is app
     assert channels.Routes is channels.ResolvedRoutes
     assert uvicorn.websocket_protocol is uvicorn.public_protocol
+    assert uvicorn.http_protocol is uvicorn.public_http_protocol
     assert (uvicorn.ClientLeft,) == uvicorn.CLIENT_GONE
     in_use = idempotency.adapters.adapters_in_use()
     assert [in_use[name] for name in (CHANNELS, f"{CHANNELS}.url_patterns", UVICORN)] == ["public API"] * 3
@@ -329,6 +330,7 @@ def test_each_fast_path_is_taken_where_its_release_was_tested_unless_forced_off(
         assert taken == fast
         assert (channels.Routes is channels.PatternRoutes) == fast[url_patterns]
         assert (uvicorn.websocket_protocol is uvicorn.lean_protocol) == fast[UVICORN]
+        assert (uvicorn.http_protocol is uvicorn.head_timeout_protocol) == fast[UVICORN]
         in_use = idempotency.adapters.adapters_in_use()
         assert {name: in_use[name] for name in fast} == {
             name: "internals" if internals else "public API" for name, internals in fast.items()
@@ -349,4 +351,6 @@ def test_without_uvicorn_the_gateway_imports_and_knows_daphnes_error_only(load, 
     assert fresh_module("gateway.servers").ClientGone == (Disconnected,)
     with pytest.raises(ImportError):
         adapter.websocket_protocol()  # `--ws gateway.uvicorn:WebSocketProtocol` needs uvicorn
+    with pytest.raises(ImportError):
+        adapter.http_protocol()  # and `--http gateway.uvicorn:HTTPProtocol`
     assert "uvicorn" not in {name.partition(".")[0] for name, m in sys.modules.items() if m is not None}
