@@ -1,11 +1,14 @@
 """The admin of jobs (under "Jobs": jobs, stage records, dead letters), every action and page
 behind the model's permissions.
 
-Jobs are read-only: the list by state and type; a job's page shows whose keys it is under (its
-owner), its stages as a timeline (each declared stage of its type, in order, from its
+Jobs are read-only: the list by state and type, newest first; a job's page shows whose keys it
+is under (its owner), its stages as a timeline (each declared stage of its type, in order, from its
 StageRecord) and its events (those its stages recorded, the durable source, and its final event
 from Redis while the bus keeps it), and the jobs of its retry chain as links. Cancelling or
 retrying jobs (eventbus.services) changes what runs: the actions need `eventbus.change_job`.
+That permission is the actions', never a form's: a job's page has no Save button for anyone
+(a saved form would write back a row its run changes meanwhile: POSTing it is refused) and no
+Delete link (ended jobs go with `cleanup_jobs`).
 Everything shown goes through format_html: a payload, an error message or an event's data is
 text, never markup.
 
@@ -25,7 +28,9 @@ through model permissions that migrate creates and that groups are given as usua
 allows the Redrive button: a CSRF-checked POST that calls redrive(), the service of the
 `eventbus_redrive` command, for one domain. Redrive is per domain, not per selected letter: a
 job's letters must go back in seq order, which redrive() keeps; malformed ones stay, as with
-the command. The list shows each shard's oldest SHOWN_PER_SHARD letters and every shard's count.
+the command, and its message names them. The list shows each shard's oldest SHOWN_PER_SHARD
+letters and every shard's count; a malformed letter (anyone who can write to Redis can add one)
+is listed as such, with its raw fields shortened and escaped, never a 500.
 """
 
 import json
@@ -37,23 +42,28 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
-from django.utils import timezone
+from django.utils import formats, timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.timesince import timesince
 from redis.exceptions import RedisError
 
 from .delivery import streams_for
+from .exceptions import JobAlreadyRetried
 from .jobtypes import domains as all_domains
 from .models import DeadLetter, Job, StageRecord
 from .redis import get_redis
 from .redrive import dead_letters, redrive
 from .selectors import job_stages, latest_event
-from .services import cancel_job, owner_scope, retry_job, retry_key
+from .services import cancel_job, owner_scope, retry_as_operator
 
 REDRIVE_PERMISSION = "redrive_deadletter"
 SHOWN_PER_SHARD = 200
+# The malformed letters a redrive kept that its message names (by dead-letter id).
+NAMED_KEPT = 10
 # An event's data on a job's page: its start, so that a job of many events stays one page.
 SHOWN_EVENT_CHARS = 200
+# A stage's error type in the stage records' list: its start (its page shows all of it).
+SHOWN_ERROR_CHARS = 30
 
 
 class JobTypeFilter(admin.AllValuesFieldListFilter):
@@ -69,7 +79,11 @@ class JobAdmin(admin.ModelAdmin):
     """Jobs, read-only: the list by state and type; a job's page shows whose it is, its stages as
     a timeline, its events and the jobs of its retry chain. See the module docstring."""
 
-    list_display = ("id", "domain", "state", "owner", "accepted_at", "duration", "idem_key", "retried_job")
+    # Narrow columns, so that the list fits beside the filters at 1280 px: a job's id and the
+    # one it retries as their first 8 characters (search takes a part of an id), its acceptance
+    # to the minute, its key on its page only (search takes it too).
+    list_display = ("short_id", "domain", "state", "owner", "accepted", "duration", "retried_job")
+    ordering = ("-accepted_at", "-id")  # newest first; the id settles jobs accepted together
     list_filter = ("state", ("domain", JobTypeFilter), "event_type", "accepted_at")
     list_select_related = ("owner",)  # the owner column: one query for the page, not one a row
     search_fields = ("id", "idem_key", "biz_key", "owner__username")
@@ -90,7 +104,7 @@ class JobAdmin(admin.ModelAdmin):
                     "payload",
                     "accepted_at",
                     "enqueued_at",
-                    "completed_at",
+                    "ended_at",
                     "duration",
                     "deadline",
                     "cancel_requested_at",
@@ -105,6 +119,7 @@ class JobAdmin(admin.ModelAdmin):
     readonly_fields = [f.name for f in Job._meta.fields] + [
         "keyspace",
         "duration",
+        "ended_at",
         "retry_of_link",
         "retries_links",
         "timeline",
@@ -112,6 +127,20 @@ class JobAdmin(admin.ModelAdmin):
     ]
     raw_id_fields = ("owner",)
     actions = ("cancel_jobs", "retry_jobs")
+
+    @admin.display(description="job")
+    def short_id(self, job):
+        return format_html('<span title="{}">{}</span>', job.id, str(job.id)[:8])
+
+    @admin.display(description="accepted at", ordering="accepted_at")
+    def accepted(self, job):
+        return timezone.localtime(job.accepted_at).strftime("%Y-%m-%d %H:%M")
+
+    @admin.display(description="ended at")
+    def ended_at(self, job):
+        """completed_at, which every final state sets (FAILED, CANCELLED... as well as COMPLETED):
+        named for what it is."""
+        return formats.localize(timezone.localtime(job.completed_at)) if job.completed_at else "-"
 
     @admin.display(description="duration")
     def duration(self, job):
@@ -130,7 +159,10 @@ class JobAdmin(admin.ModelAdmin):
 
     @admin.display(description="retry of")
     def retried_job(self, job):
-        return job.retry_of_id or "-"  # the id: the job itself would be a query per row
+        # The id, not the job: that would be a query per row.
+        if not job.retry_of_id:
+            return "-"
+        return format_html('<span title="{}">{}</span>', job.retry_of_id, str(job.retry_of_id)[:8])
 
     @admin.display(description="retry of")
     def retry_of_link(self, job):
@@ -192,6 +224,16 @@ class JobAdmin(admin.ModelAdmin):
     def has_add_permission(self, request):
         return False
 
+    def has_change_permission(self, request, obj=None):
+        # No job is edited through a form (its page is read-only for everyone): a job given, no.
+        # Without one, Django asks whether the change actions are offered: the model's permission.
+        return obj is None and super().has_change_permission(request)
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        return super().change_view(
+            request, object_id, form_url, {"show_delete": False, **(extra_context or {})}
+        )
+
     def get_actions(self, request, action_location=None):
         # Django 6.1 says where the actions show (change list or change form) and deprecates an
         # override without the parameter; 5.2 and 6.0 have no such parameter.
@@ -220,9 +262,13 @@ class JobAdmin(admin.ModelAdmin):
         retried = 0
         for job in queryset.select_related(None).only("id"):  # the list's join is not needed
             try:
-                # The bulk key: the command and this action retry each job once between them.
-                new, created = retry_job(job.id, key=retry_key(job))
-            except Exception as exc:  # JobNotRetryable, the owner's running cap
+                # The bulk key, in the operators' scope: the command and this action retry each
+                # job once between them, and no user's job under that key blocks them.
+                new, created = retry_as_operator(job)
+            except JobAlreadyRetried as exc:
+                self.message_user(request, f"{job.id}: already retried as {exc.retried_by}", messages.INFO)
+                continue
+            except Exception as exc:  # JobNotRetryable, the owner's caps
                 self.message_user(request, f"{job.id}: {exc}", messages.WARNING)
                 continue
             retried += created
@@ -275,21 +321,15 @@ def _shorten(data) -> str:
 
 @admin.register(StageRecord)
 class StageRecordAdmin(admin.ModelAdmin):
-    list_display = (
-        "job_id",
-        "stage",
-        "attempts",
-        "started_at",
-        "finished_at",
-        "error_type",
-        "failed_at",
-        "next_attempt_at",
-    )
+    # Narrow columns, so that the list fits beside the filters at 1280 px: the job's id as its
+    # first 8 characters, the record's state (instead of its finished, failed and next-attempt
+    # times, which its page shows), the error's type cut short.
+    list_display = ("short_job_id", "stage", "state", "attempts", "started", "error")
     list_filter = ("stage", "error_type")
     # A job's id, whole or in part.
     search_fields = ("job__id",)
     list_select_related = False
-    ordering = ("-started_at",)
+    ordering = ("-started_at", "-pk")  # newest first
     fields = (
         "job",
         "stage",
@@ -305,6 +345,23 @@ class StageRecordAdmin(admin.ModelAdmin):
         "traceback",
     )
     readonly_fields = fields
+
+    @admin.display(description="job")
+    def short_job_id(self, record):
+        return format_html('<span title="{}">{}</span>', record.job_id, str(record.job_id)[:8])
+
+    @admin.display(description="state")
+    def state(self, record):
+        return record.state
+
+    @admin.display(description="started at", ordering="started_at")
+    def started(self, record):
+        return timezone.localtime(record.started_at).strftime("%Y-%m-%d %H:%M:%S")
+
+    @admin.display(description="error", ordering="error_type")
+    def error(self, record):
+        error = record.error_type or "-"
+        return error if len(error) <= SHOWN_ERROR_CHARS else error[:SHOWN_ERROR_CHARS] + "…"
 
     @admin.display(description="traceback")
     def traceback(self, record):
@@ -385,12 +442,16 @@ class DeadLetterAdmin(admin.ModelAdmin):
                 self.message_user(request, f"Redis did not answer: {exc}", messages.ERROR)
             else:
                 done = sum(1 for letter in letters if letter.new_id)
-                kept = sum(1 for letter in letters if letter.malformed)
+                kept = [letter for letter in letters if letter.malformed]
                 self.message_user(
                     request,
-                    f"Re-drove {done} of {len(letters)} dead letter(s) of {domain}; {kept} malformed kept.",
+                    f"Re-drove {done} of {len(letters)} dead letter(s) of {domain}; {len(kept)} malformed kept.",
                     messages.SUCCESS,
                 )
+                if kept:
+                    named = ", ".join(f"{letter.dead_key} {letter.dead_id}" for letter in kept[:NAMED_KEPT])
+                    more = f" and {len(kept) - NAMED_KEPT} more" if len(kept) > NAMED_KEPT else ""
+                    self.message_user(request, f"Malformed, kept: {named}{more}.", messages.WARNING)
         return HttpResponseRedirect(reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_changelist"))
 
     @staticmethod
@@ -398,12 +459,15 @@ class DeadLetterAdmin(admin.ModelAdmin):
         dead_at = datetime.fromtimestamp(letter.dead_at_ms / 1000, tz=UTC)
         return {
             "shard": letter.shard,
-            "original_stream_id": letter.original_stream_id,
+            "dead_id": letter.dead_id,
+            "original_stream_id": letter.original_stream_id or "-",
             "job_id": letter.job_id or "-",
             "seq": "-" if letter.seq is None else letter.seq,
-            "reason": letter.reason,
+            "reason": letter.reason or "-",
             "deliveries": "-" if letter.deliveries is None else letter.deliveries,
             "dead_at": dead_at,
             "age": timesince(dead_at),
             "malformed": letter.malformed,
+            # What Redis holds, shortened (eventbus.redrive.shortened): the page escapes it.
+            "raw_fields": letter.raw_fields if letter.malformed else (),
         }

@@ -5,23 +5,47 @@ They go back with XADD, not publish_event: their L1 dedup key may still exist (t
 published once), while route.lua never applied them, so the router takes them as new. Each is
 re-added and deleted from the dead letters in one script; per shard in seq order, then by
 original stream id, so a job's entries come back in the order the router needs. Dead letters
-that are malformed in themselves (not JSON, missing fields) stay where they are: re-adding
-them would only dead-letter them again.
+that are malformed in themselves (not JSON, missing fields, an original_stream_id that is not a
+stream id) stay where they are, each named in a warning: re-adding them would only dead-letter
+them again. Only an entry's own fields go back (entries.FIELDS), nothing else a letter holds.
+
+Every field of a letter is read as anyone who can write to Redis may have left it: not UTF-8,
+missing, huge. The text kept of each (reason, original_stream_id, raw fields) is cut to a size
+a page and a log line can show; counts are parsed only when they are short digit strings.
 
 `dead_letters` reads them without re-driving (the admin's list: eventbus.admin).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+import re
+from dataclasses import dataclass, field
 
 from .conf import eventbus_settings
 from .delivery import streams_for
-from .entries import MalformedEntry, original_fields, parse_entry
+from .entries import FIELDS, MalformedEntry, original_fields, parse_entry
 from .redis import get_redis
 from .scripts import REDRIVE, run_pipelined
 
+logger = logging.getLogger(__name__)
+
 PAGE = 1000
+# A Redis stream id, <milliseconds>-<sequence>, both 64-bit: at most 20 digits each.
+STREAM_ID = re.compile(rb"[0-9]{1,20}-[0-9]{1,20}")
+# How much of a letter's text is kept: a reason, an id, a raw field's name and value.
+SHOWN_CHARS = 200
+SHOWN_ID_CHARS = 80
+SHOWN_FIELDS = 20
+
+
+def shortened(raw: bytes | str, limit: int = SHOWN_CHARS) -> str:
+    """Bytes (or text) from Redis as text a page, a terminal or a log line can show: decoded (not
+    UTF-8: replaced), control characters escaped (a newline as \\n), cut to `limit` characters."""
+    text = raw[: limit * 4] if isinstance(raw, str) else raw[: limit * 4].decode(errors="replace")
+    if len(text) > limit or len(raw) > limit * 4:  # at most 4 bytes a character
+        text = text[:limit] + "…"
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 @dataclass
@@ -38,6 +62,9 @@ class DeadLetter:
     domain: str = ""
     shard: int = 0
     deliveries: int | None = None  # how many times the router had it (None: it refused it at once)
+    position: tuple[int, int] = (0, 0)  # its original stream id, parsed (malformed: 0-0)
+    raw: dict = field(default_factory=dict)  # every field as Redis holds it
+    dead_key: str = ""  # the dead-letter stream it is in
 
     @property
     def dead_at_ms(self) -> int:
@@ -46,8 +73,14 @@ class DeadLetter:
 
     @property
     def order(self) -> tuple:
-        ms, _, n = self.original_stream_id.partition("-")
-        return (self.seq or 0, int(ms or 0), int(n or 0))
+        return (self.seq or 0, *self.position)
+
+    @property
+    def raw_fields(self) -> list[tuple[str, str]]:
+        """Its first SHOWN_FIELDS fields as text, shortened: what a malformed letter is shown as."""
+        return [
+            (shortened(k, SHOWN_ID_CHARS), shortened(v)) for k, v in list(self.raw.items())[:SHOWN_FIELDS]
+        ]
 
 
 def read_dead_letters(client, dead_key: str) -> list[tuple[str, dict]]:
@@ -62,23 +95,35 @@ def read_dead_letters(client, dead_key: str) -> list[tuple[str, dict]]:
 
 
 def dead_letter(stream, dead_id: str, fields: dict) -> DeadLetter:
-    """One dead letter of the shard stream `stream` (eventbus.delivery.streams_for), parsed."""
+    """One dead letter of the shard stream `stream` (eventbus.delivery.streams_for), parsed;
+    `malformed` says why it cannot go back."""
+    original_id = fields.get(b"original_stream_id")
     deliveries = fields.get(b"deliveries", b"")
     letter = DeadLetter(
         stream.key,
         dead_id,
-        fields.get(b"original_stream_id", b"0-0").decode(errors="replace"),
-        fields.get(b"reason", b"").decode(errors="replace"),
+        shortened(original_id or b"", SHOWN_ID_CHARS),
+        shortened(fields.get(b"reason", b"")),
         original_fields(fields),
         domain=stream.domain,
         shard=stream.shard,
-        deliveries=int(deliveries) if deliveries.isdigit() else None,
+        # 18 digits: an int, never a 4,300-digit ValueError.
+        deliveries=int(deliveries) if re.fullmatch(rb"[0-9]{1,18}", deliveries) else None,
+        raw=fields,
+        dead_key=stream.dead_letters,
     )
-    try:
-        event = parse_entry(stream.domain, stream.shard, letter.original_stream_id, letter.fields)
-        letter.seq, letter.job_id = event.seq, event.job_id
-    except MalformedEntry as exc:
-        letter.malformed = str(exc)
+    if original_id is None:
+        letter.malformed = "no original_stream_id"
+    elif not STREAM_ID.fullmatch(original_id):
+        letter.malformed = f"original_stream_id {original_id[:40]!r} is not a stream id <ms>-<seq>"
+    else:
+        ms, _, n = original_id.partition(b"-")
+        letter.position = (int(ms), int(n))
+        try:
+            event = parse_entry(stream.domain, stream.shard, letter.original_stream_id, letter.fields)
+            letter.seq, letter.job_id = event.seq, shortened(event.job_id, SHOWN_ID_CHARS)
+        except MalformedEntry as exc:
+            letter.malformed = shortened(str(exc))
     return letter
 
 
@@ -110,6 +155,14 @@ def redrive(domain: str, *, dry_run: bool = False, client=None) -> list[DeadLett
             key=lambda letter: letter.order,
         )
         todo = [letter for letter in letters if not letter.malformed]
+        for letter in letters:
+            if letter.malformed:
+                logger.warning(
+                    "dead letter %s of %s kept: malformed (%s)",
+                    letter.dead_id,
+                    letter.dead_key,
+                    letter.malformed,
+                )
         if todo and not dry_run:
             calls = [
                 REDRIVE.call(
@@ -117,7 +170,7 @@ def redrive(domain: str, *, dry_run: bool = False, client=None) -> list[DeadLett
                     (
                         letter.dead_id,
                         eventbus_settings.STREAM_MAXLEN,
-                        *(item for pair in letter.fields.items() for item in pair),
+                        *(item for name in FIELDS for item in (name, letter.fields[name])),
                     ),
                 )
                 for letter in todo

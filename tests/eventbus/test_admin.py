@@ -208,3 +208,86 @@ def test_the_admin_index_lists_jobs_under_jobs(django_user_model):
     assert f'<a href="{JOBS}">Jobs</a>' in app and "Stage records" in app and "Dead letters" in app
     assert "Operations" not in html and "/admin/idempotency/operation/" not in html
     assert client.get(JOBS).status_code == 200
+
+
+# The job list's order, a job's page read-only for everyone --------------------------------------
+
+
+def test_the_job_list_is_newest_first_whatever_the_ids(make_job, django_user_model):
+    import uuid
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    now = timezone.now()
+    # Ids in the opposite order of their acceptance, and two jobs accepted at the same moment.
+    oldest = make_job(id=uuid.UUID(int=2**128 - 1), accepted_at=now - timedelta(minutes=3))
+    middle = make_job(id=uuid.UUID(int=2**127), accepted_at=now - timedelta(minutes=1))
+    newest = make_job(id=uuid.UUID(int=1), accepted_at=now)
+    twin = make_job(id=uuid.UUID(int=2), accepted_at=now)
+    page = staff(django_user_model, "viewer", "view_job").get(JOBS)
+    shown = [job.pk for job in page.context["cl"].result_list]
+    assert shown == [twin.pk, newest.pk, middle.pk, oldest.pk]
+    html = page.content.decode()
+    assert html.index(str(twin.pk)[:8]) < html.index(str(oldest.pk)[:8])  # as rendered, too
+
+
+def job_page(client, job):
+    page = client.get(f"{JOBS}{job.pk}/change/")
+    assert page.status_code == 200
+    return page.content.decode()
+
+
+@pytest.mark.parametrize(
+    "codenames",
+    [("view_job",), ("view_job", "change_job"), ("view_job", "change_job", "delete_job")],
+    ids=["view", "view+change", "view+change+delete"],
+)
+def test_a_jobs_page_has_no_save_and_no_delete_and_refuses_a_post(make_job, django_user_model, codenames):
+    from eventbus.models import Job
+
+    job = make_job(state=Job.State.FAILED)
+    client = staff(django_user_model, "member", *codenames)
+    html = job_page(client, job)
+    assert 'name="_save"' not in html and 'name="_continue"' not in html
+    assert 'class="deletelink"' not in html and f"{job.pk}/delete/" not in html
+    assert "View job" in html  # Django's read-only page, not "Change job"
+    forged = client.post(f"{JOBS}{job.pk}/change/", {"state": "COMPLETED"})
+    assert forged.status_code == 403
+    assert Job.objects.get(pk=job.pk).state == Job.State.FAILED
+
+
+def test_a_superusers_job_page_has_no_save_or_delete_either(make_job, django_user_model):
+    root = django_user_model.objects.create_superuser("root", password="x")
+    client = Client()
+    client.force_login(root)
+    html = job_page(client, make_job())
+    assert 'name="_save"' not in html and 'class="deletelink"' not in html
+
+
+def test_the_change_permission_still_brings_the_actions_and_nothing_else(make_job, django_user_model):
+    viewer = staff(django_user_model, "viewer", "view_job")
+    changer = staff(django_user_model, "changer", "view_job", "change_job")
+    deleter = staff(django_user_model, "deleter", "view_job", "delete_job")
+
+    def actions(client):
+        form = client.get(JOBS).context["action_form"]
+        return set() if form is None else {value for value, _ in form.fields["action"].choices if value}
+
+    assert actions(viewer) == set()
+    assert actions(changer) == {"cancel_jobs", "retry_jobs"}
+    assert actions(deleter) == {"delete_selected"}  # deleting stays the model's delete permission
+    job = make_job()
+    assert viewer.post(f"{JOBS}{job.pk}/delete/", {"post": "yes"}).status_code == 403
+
+
+def test_a_failed_jobs_end_is_labelled_ended_at(make_job, django_user_model):
+    from django.utils import timezone
+
+    from eventbus.models import Job
+
+    job = make_job(state=Job.State.FAILED, completed_at=timezone.now())
+    html = job_page(staff(django_user_model, "viewer", "view_job"), job)
+    assert "Ended at:" in html and "Completed at" not in html
+    ended = html[html.index("Ended at:") : html.index("Duration:")]
+    assert str(timezone.localtime(job.completed_at).year) in ended and "+00:00" not in ended

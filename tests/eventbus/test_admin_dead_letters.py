@@ -15,7 +15,7 @@ from eventbus.keys import JobKeys, dead_letter_key
 from eventbus.models import DeadLetter
 
 from .helpers import dead_letters, history_seqs
-from .test_redrive import reclaim, route
+from .test_redrive import FORGED, forge, reclaim, route
 
 pytestmark = pytest.mark.django_db
 LIST = "/admin/eventbus/deadletter/"
@@ -158,3 +158,40 @@ def test_without_redis_the_page_and_the_redrive_say_so_instead_of_a_500(
         assert page.status_code == 200 and "Redis did not answer" in page.content.decode()
         done = redriver.post(REDRIVE, {"domain": "scan"}, follow=True)
         assert done.status_code == 200 and "Redis did not answer" in done.content.decode()
+
+
+ODD = {
+    **FORGED,
+    "deliveries of 5,000 digits": {b"original_stream_id": b"x", b"deliveries": b"9" * 5000},
+    "reason huge, markup, not UTF-8": {
+        b"original_stream_id": b"x",
+        b"reason": b"\xff<b>bold</b>" + b"r" * 100_000,
+    },
+}
+
+
+@pytest.mark.parametrize("changes", ODD.values(), ids=ODD.keys())
+def test_a_malformed_dead_letter_is_listed_with_its_fields_as_text_and_kept_by_the_redrive(
+    redis_client, django_user_model, changes
+):
+    dead, dead_id = forge(redis_client, **{k.decode(): v for k, v in changes.items()})
+    redriver = staff(django_user_model, "redriver", "view_deadletter", "redrive_deadletter")
+    page = redriver.get(LIST)
+    assert page.status_code == 200
+    html = page.content.decode()
+    [row] = html.split('<tr class="dead-letter">')[1:]
+    assert "(malformed, stays:" in row and f"dead letter {dead_id}: its fields" in row
+    assert "<code>seq</code>" in row  # its raw fields, shown
+    assert "<b>" not in html and "r" * 1000 not in html and len(html) < 50_000
+    done = redriver.post(REDRIVE, {"domain": "scan"}, follow=True).content.decode()
+    assert "Re-drove 0 of 1 dead letter(s) of scan; 1 malformed kept." in done
+    assert f"Malformed, kept: {dead} {dead_id}." in done
+    assert [entry_id.decode() for entry_id, _ in redis_client.xrange(dead)] == [dead_id]
+
+
+def test_a_redrive_names_at_most_ten_kept_letters(redis_client, django_user_model):
+    for _ in range(12):
+        forge(redis_client, original_stream_id=b"x")
+    redriver = staff(django_user_model, "redriver", "view_deadletter", "redrive_deadletter")
+    done = redriver.post(REDRIVE, {"domain": "scan"}, follow=True).content.decode()
+    assert "12 malformed kept." in done and " and 2 more." in done

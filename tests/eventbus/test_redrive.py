@@ -1,9 +1,11 @@
 """Poison entries end as dead letters with their reason while the router keeps going; once
 their cause is fixed, the redrive delivers them."""
 
+import logging
 from io import StringIO
 
-from django.core.management import call_command
+import pytest
+from django.core.management import CommandError, call_command
 
 from eventbus import publish_event, publish_events
 from eventbus.keys import JobKeys, dead_letter_key
@@ -94,3 +96,107 @@ def test_redrive_puts_a_jobs_dead_letters_back_in_seq_order(redis_client):
 
     assert history_seqs(redis_client, "scan", "job-o") == [10, 11, 12]
     assert dead_letters(redis_client, "scan") == []
+
+
+# Dead letters nobody's router wrote: anyone who can write to Redis can add one -----------------
+
+# A well-formed letter's fields but for what each case changes (None: the field left out).
+FORGED = {
+    "original_stream_id not an id": {b"original_stream_id": b"not-an-id"},
+    "original_stream_id of three parts": {b"original_stream_id": b"1-2-3"},
+    "original_stream_id in other digits": {b"original_stream_id": "١-٠".encode()},
+    "original_stream_id past 64 bits": {b"original_stream_id": b"9" * 30 + b"-0"},
+    "original_stream_id missing": {b"original_stream_id": None},
+    "original_stream_id huge": {b"original_stream_id": b"7" * 100_000},
+    "job_id not UTF-8": {b"job_id": b"\xff\xfe<b>"},
+    "data missing": {b"data": None},
+}
+
+
+def forge(redis_client, **changes) -> tuple[str, str]:
+    """A dead letter of job-f (seq 10) in its shard's dead letters, changed as told; returns
+    (the dead-letter stream, its id there)."""
+    keys = JobKeys("scan", "job-f")
+    fields = {
+        b"job_id": b"job-f",
+        b"domain": b"scan",
+        b"stage": b"vision",
+        b"seq": b"10",
+        b"prev_seq": b"0",
+        b"data": b"{}",
+        b"reason": b"test",
+        b"original_stream_id": b"1-0",
+        b"deliveries": b"3",
+    }
+    for name, value in changes.items():
+        field = name.encode() if isinstance(name, str) else name
+        if value is None:
+            del fields[field]
+        else:
+            fields[field] = value
+    dead = dead_letter_key("scan", keys.shard)
+    return dead, redis_client.xadd(dead, fields).decode()
+
+
+def redrive_streams(**options) -> tuple[str, str]:
+    out, err = StringIO(), StringIO()
+    call_command("eventbus_redrive", domain="scan", stdout=out, stderr=err, **options)
+    return out.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize("changes", FORGED.values(), ids=FORGED.keys())
+def test_a_malformed_dead_letter_is_named_and_kept_while_the_others_go_back(redis_client, caplog, changes):
+    publish_events([("scan", "job-o", "vision", seq, {}) for seq in (10, 11)])
+    keys = JobKeys("scan", "job-o")
+    entries = redis_client.xrange(keys.stream)
+    redis_client.delete(keys.stream)
+    dead = dead_letter_key("scan", keys.shard)
+    for entry_id, fields in entries:
+        redis_client.xadd(dead, {**fields, b"reason": b"test", b"original_stream_id": entry_id})
+    forged_in, forged_id = forge(redis_client, **{k.decode(): v for k, v in changes.items()})
+
+    with caplog.at_level(logging.WARNING, logger="eventbus.redrive"):
+        out, err = redrive_streams()
+
+    assert "scan: re-drove 2 of 3 dead letter(s); 1 malformed kept." in out
+    [warning] = err.splitlines()
+    assert warning.startswith(f"kept     {forged_in} {forged_id}: malformed (") and len(warning) < 400
+    assert f"dead letter {forged_id} of {forged_in} kept: malformed" in caplog.text
+    route()
+    assert history_seqs(redis_client, "scan", "job-o") == [10, 11]  # the others went back
+    [(kept_id, _)] = redis_client.xrange(forged_in)
+    assert kept_id.decode() == forged_id  # the forged one stays, as it was
+
+
+def test_a_letter_of_huge_or_odd_counts_and_reasons_is_redriven_and_reported_shortly(redis_client):
+    """Fields the redrive does not need (deliveries, reason, an extra field) are read, never
+    trusted: a count of 5,000 digits, a reason of 100,000 characters with a newline and a byte
+    that is not UTF-8, and 10,000 extra fields (more than a Lua script can unpack) do not stop
+    the letter going back, with only its own fields."""
+    dead, _ = forge(
+        redis_client,
+        deliveries=b"9" * 5000,
+        reason=b"\xffline\n" + b"x" * 100_000,
+        **{f"extra{n}": b"1" for n in range(10_000)},
+    )
+    out, err = redrive_streams(dry_run=True)
+    [would] = [line for line in out.splitlines() if line.startswith("would")]
+    assert "(\ufffdline\\nxxx" in would and len(would) < 400 and err == ""
+    out, err = redrive_streams()
+    assert "scan: re-drove 1 of 1 dead letter(s); 0 malformed kept." in out and err == ""
+    assert redis_client.xlen(dead) == 0
+    [(_, fields)] = redis_client.xrange(JobKeys("scan", "job-f").stream)
+    assert set(fields) == {b"job_id", b"domain", b"stage", b"seq", b"prev_seq", b"data"}
+    route()
+    assert history_seqs(redis_client, "scan", "job-f") == [10]
+
+
+def test_the_command_says_so_when_redis_does_not_answer(redis_client, eventbus_settings_override):
+    from config.redis_server import free_port
+
+    closed = f"redis://127.0.0.1:{free_port()}/0"
+    with (
+        eventbus_settings_override(REDIS_URL=closed),
+        pytest.raises(CommandError, match="Redis did not answer"),
+    ):
+        redrive()

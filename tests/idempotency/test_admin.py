@@ -190,3 +190,53 @@ def test_the_stored_response_display_survives_any_body(django_user_model, body, 
     assert page.status_code == 200
     assert shown in page.content
     assert len(page.content) < 150_000
+
+
+def test_the_records_are_listed_newest_first(django_user_model):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    now = timezone.now()
+    # Created (pk order) in another order than their created_at.
+    for key, minutes_ago in (("middle", 2), ("oldest", 5), ("newest", 0)):
+        IdempotencyRecord.objects.create(
+            scope="-:1",
+            key=key,
+            fingerprint="fp",
+            created_at=now - timedelta(minutes=minutes_ago),
+            expires_at=now + timedelta(days=1),
+        )
+    page = staff(django_user_model, "viewer", "view_idempotencyrecord").get(CHANGELIST)
+    assert [record.key for record in page.context["cl"].result_list] == ["newest", "middle", "oldest"]
+
+
+@pytest.mark.parametrize(
+    "codenames",
+    [
+        ("view_idempotencyrecord",),
+        ("view_idempotencyrecord", "change_idempotencyrecord"),
+    ],
+    ids=["view", "view+change"],
+)
+def test_a_records_page_has_no_save_and_refuses_a_post(django_user_model, owner_record, codenames):
+    owner, key, record = owner_record
+    member = staff(django_user_model, "member", *codenames)
+    page = member.get(f"{CHANGELIST}{record.pk}/change/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert 'name="_save"' not in html and 'name="_continue"' not in html
+    assert 'class="deletelink"' not in html  # no delete permission
+    assert member.post(f"{CHANGELIST}{record.pk}/change/", {}).status_code == 403
+    assert IdempotencyRecord.objects.get(pk=record.pk).expires_at == record.expires_at
+    retry = keyed_post(owner, key)
+    assert retry["Idempotent-Replayed"] == "true"
+
+
+def test_the_delete_permission_still_deletes_a_record_from_its_page(django_user_model, owner_record):
+    owner, key, record = owner_record
+    deleter = staff(django_user_model, "deleter", "view_idempotencyrecord", "delete_idempotencyrecord")
+    html = deleter.get(f"{CHANGELIST}{record.pk}/change/").content.decode()
+    assert 'class="deletelink"' in html and 'name="_save"' not in html
+    assert deleter.post(f"{CHANGELIST}{record.pk}/delete/", {"post": "yes"}).status_code == 302
+    assert not IdempotencyRecord.objects.filter(pk=record.pk).exists()
