@@ -9,9 +9,16 @@ that failed (its outside API down) shows Retry, whose new card says it retries t
 completes (the outside API charged once, under the first job's key); a stage waiting for its
 retry shows RETRYING and the attempt that waits; a Cancel the server refuses (409) says why on
 the card; a reload lists the user's recent jobs (those started by code too) with their states
-and resumes a running one from the last seq shown, each event once."""
+and resumes a running one from the last seq shown, each event once.
 
+Jobs started or retried elsewhere (by code, through the API) show up on an open page without a
+reload, the count line counting the cards; a job retried elsewhere loses its Retry button, also
+when the list cannot tell it and a press of Retry meets the server's 409; each stage's text is
+a line of its own; a cancelled job's bar is full, in the cancelled colour."""
+
+import base64
 import json
+import re
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import parse_qs, urljoin, urlparse
 
@@ -19,6 +26,7 @@ import pytest
 from django.db import connection
 from playwright.sync_api import expect
 
+from eventbus.router import Router
 from eventbus.testing import events_of
 from tests.eventbus.jobtypes import FlakyJob, outside_api_charges, outside_api_down
 from tests.processes import Manage, Worker
@@ -275,6 +283,41 @@ def chip_is(card, stage, state):
     expect(chip(card, stage)).to_have_attribute("data-state", state, timeout=10_000)
 
 
+# The bar's fill once the job ended (app.css: --cancelled, --failed).
+CANCELLED_COLOUR = "rgb(179, 179, 179)"
+FAILED_COLOUR = "rgb(204, 51, 51)"
+
+
+def assert_bar_ended(card, outcome, colour):
+    """The card's bar is full, marked with the job's outcome, drawn in its colour, and says it."""
+    expect(card.locator(".bar")).to_have_class(re.compile(rf"\b{outcome}\b"), timeout=10_000)
+    bar = card.locator("progress")
+    expect(bar).to_have_js_property("value", 100)
+    expect(bar).to_have_attribute("aria-valuetext", outcome)
+    assert fill_colour(bar) == colour
+    expect(card.locator(".percent")).to_have_text(outcome)
+
+
+# The colour in the middle of an element as drawn (a bar's fill is a pseudo-element of its
+# shadow tree, which getComputedStyle does not reach): its screenshot, read through a canvas.
+FILL_COLOUR = """async (png) => {
+  const image = new Image();
+  image.src = `data:image/png;base64,${png}`;
+  await image.decode();
+  const canvas = document.createElement("canvas");
+  canvas.width = image.width;
+  canvas.height = image.height;
+  const context = canvas.getContext("2d");
+  context.drawImage(image, 0, 0);
+  const [r, g, b] = context.getImageData(image.width >> 1, image.height >> 1, 1, 1).data;
+  return `rgb(${r}, ${g}, ${b})`;
+}"""
+
+
+def fill_colour(locator):
+    return locator.page.evaluate(FILL_COLOUR, base64.b64encode(locator.screenshot()).decode())
+
+
 def flaky_payload(tmp_path, api, **extra):
     return {"log": str(tmp_path / "flaky.log"), "api": api, **extra}
 
@@ -298,10 +341,10 @@ def test_cancel_a_running_job_from_its_card(walker, stack, browser, tmp_path):
     page.wait_for_selector(f'.job[data-job-id="{job_id}"] .stage[data-stage="wait"][data-state="CANCELLED"]')
     chip_is(card, "finish", "PENDING")
     chip_says(card, "done", "cancelled")
-    # The final event came once, and the bar stayed where the job stopped (not 100 %).
+    # The final event came once; the bar is full, in the cancelled colour, and says "cancelled".
     seqs = card_seqs(card)
     assert seqs[-1] == FlakyJob.final_seq() and len(seqs) == len(set(seqs))
-    assert card.locator("progress").evaluate("bar => bar.value") < 100
+    assert_bar_ended(card, "cancelled", CANCELLED_COLOUR)
     assert "cancelled" in page.locator("#announcer").inner_text()
     assert card.locator(".problem").is_hidden()
 
@@ -351,6 +394,7 @@ def test_retry_a_failed_job_from_its_card(walker, stack, browser, tmp_path):
     assert new_card.locator(".chain .retry-of").inner_text() == f"Retry of {old_id[:8]}"
     assert new_card.locator(".chain .retry-of a").get_attribute("href") == f"#job-{old_id}"
     wait_for_state(page, new_id, "COMPLETED")
+    expect(page.locator("#jobs-status")).to_have_text("Newest first: 2 of 2 listed.")  # the cards shown
 
     assert new_card.locator(".percent").inner_text() == "100 %"
     seqs = card_seqs(new_card)
@@ -365,12 +409,13 @@ def test_retry_a_failed_job_from_its_card(walker, stack, browser, tmp_path):
     page.screenshot(path="/tmp/page.png", full_page=True)
 
     # After a reload both are listed; the failed one, not watched now, shows where it stopped
-    # (its stages) and no bar (how far it got is not known: its final event says 100).
+    # (its stages) and its bar ended, full in the failed colour.
     page.reload()
     wait_for_state(page, old_id, "FAILED")
     old_card = card_of(page, old_id)
     page.wait_for_selector(f'.job[data-job-id="{old_id}"] .stage[data-stage="pay"][data-state="FAILED"]')
-    assert old_card.locator(".bar").is_hidden() and card_of(page, new_id).locator(".bar").is_visible()
+    assert_bar_ended(old_card, "failed", FAILED_COLOUR)
+    assert card_of(page, new_id).locator(".percent").inner_text() == "100 %"
     assert old_card.locator(".chain .retried-as").inner_text() == f"Retried as {new_id[:8]}"
     assert not old_card.locator("button.retry").is_visible()
     page.screenshot(path=screenshot_path(stack, "retried-reloaded"), full_page=True)
@@ -475,3 +520,146 @@ def test_a_throttled_cancel_shows_its_problem_on_the_card(walker, web, browser):
     assert card.locator("button.cancel").is_enabled()  # pressed again once the wait is over
     assert card.get_attribute("data-state") == "PENDING"
     assert text.removeprefix("Cancel refused: ") in page.locator("#announcer").inner_text()
+
+
+# -- jobs started and retried elsewhere ---------------------------------------------------------
+
+
+def route_events(job, events=()):
+    """Publish the job's events as a run of it would, then route them (the router's whole work,
+    once) to the page's socket. Off the test's thread, as every ORM call here."""
+    from eventbus import publish_event
+
+    def run():
+        for stage, seq, data in events:
+            publish_event(job.domain, str(job.id), stage, seq, data)
+        Router(burst=True, consumer="page-test-router").run()
+
+    orm(run)
+
+
+def api_retry(page, web, job_id, key):
+    """POST /api/jobs/<job_id>/retry/ from outside the page's script (the user's session)."""
+    csrf = next(c["value"] for c in page.context.cookies() if c["name"] == "csrftoken")
+    answer = page.request.post(
+        f"{web.url}/api/jobs/{job_id}/retry/", headers={"X-CSRFToken": csrf, "Idempotency-Key": key}
+    )
+    assert answer.status == 201, answer.text()
+    return answer.json()["job_id"]
+
+
+def listed(page):
+    return page.locator(".job").evaluate_all("els => els.map(e => e.dataset.jobId)")
+
+
+def test_jobs_started_and_retried_elsewhere_show_up_without_a_reload(walker, web, browser):
+    """No worker: the test plays the job's run (its events, routed as the router does)."""
+    from eventbus import cancel_job, start_job
+
+    page = logged_in_page(browser, web)
+    status = page.locator("#jobs-status")
+    expect(status).to_have_text("No jobs yet: start one above.")
+    page.evaluate("window.notReloaded = true")
+
+    # Started by the project's code: its card shows up, and its job is watched live.
+    job, _ = orm(lambda: start_job("scan", {}, key="elsewhere", owner=walker))
+    job_id = str(job.id)
+    card = card_of(page, job_id)
+    expect(card).to_have_attribute("data-state", "PENDING", timeout=10_000)
+    expect(status).to_have_text("Newest first: 1 of 1 listed.")
+    expect(card.locator(".connection")).to_have_attribute("data-state", "live", timeout=10_000)
+    # Its chips, read as text (a screen reader, a copy), are words apart.
+    assert card.locator(".stages").evaluate("el => el.textContent").split() == [
+        "vision",
+        "rule",
+        "answer",
+        "reward",
+        "done",
+    ]
+
+    # Texts of two stages: a line each, not run together.
+    route_events(
+        job,
+        [
+            ("vision", 10, {"progress": 20, "text": "holding for 0 s"}),
+            ("rule", 20, {"progress": 40, "text": "calling the bank"}),
+        ],
+    )
+    expect(card.locator(".percent")).to_have_text("40 %", timeout=10_000)
+    expect(card.locator(".answer .answer-part")).to_have_text(["holding for 0 s", "calling the bank"])
+    assert card.locator(".answer").inner_text() == "holding for 0 s\ncalling the bank"
+
+    # Cancelled: its final event says 100, and the bar is full, in the cancelled colour.
+    orm(lambda: cancel_job(job.id))
+    route_events(job)
+    wait_for_state(page, job_id, "CANCELLED")
+    assert_bar_ended(card, "cancelled", CANCELLED_COLOUR)
+    retry = card.locator("button.retry")
+    expect(retry).to_be_visible()
+    for width, name in ((1280, "elsewhere-wide"), (420, "elsewhere-narrow")):
+        page.set_viewport_size({"width": width, "height": 900})
+        page.screenshot(path=screenshot_path(web, name), full_page=True)
+    page.set_viewport_size({"width": 1280, "height": 900})
+
+    # Retried through the API: the retry's card shows up first, and the old card points at it
+    # with no Retry button of its own.
+    retry_id = api_retry(page, web, job_id, "retried-elsewhere")
+    expect(card_of(page, retry_id)).to_have_attribute("data-state", "PENDING", timeout=10_000)
+    expect(retry).to_be_hidden()
+    expect(card.locator(".chain .retried-as")).to_have_text(f"Retried as {retry_id[:8]}")
+    expect(card_of(page, retry_id).locator(".chain .retry-of")).to_have_text(f"Retry of {job_id[:8]}")
+    assert listed(page) == [retry_id, job_id]
+    expect(status).to_have_text("Newest first: 2 of 2 listed.")
+
+    # The retry, cancelled and retried in turn: its card says both links, apart.
+    retry_job = orm(lambda: cancel_job(retry_id))
+    route_events(retry_job)
+    wait_for_state(page, retry_id, "CANCELLED")
+    second_id = api_retry(page, web, retry_id, "retried-again")
+    expect(card_of(page, second_id)).to_be_visible(timeout=10_000)
+    chain = card_of(page, retry_id).locator(".chain")
+    expect(chain).to_have_text(f"Retry of {job_id[:8]} · Retried as {second_id[:8]}")
+    assert chain.evaluate("el => el.textContent") == f"Retry of {job_id[:8]} · Retried as {second_id[:8]}"
+    assert listed(page) == [second_id, retry_id, job_id]
+    expect(status).to_have_text("Newest first: 3 of 3 listed.")
+    assert page.evaluate("window.notReloaded") is True
+    page.screenshot(path=screenshot_path(web, "elsewhere-chain"), full_page=True)
+
+
+def test_retry_meets_a_retry_made_elsewhere(walker, web, browser):
+    """The page cannot list (its GET /api/jobs/ fails) when the job is retried behind its back:
+    its Retry button meets the server's 409, whose `retried_by` the card then shows."""
+    from eventbus import cancel_job, start_job
+
+    job, _ = orm(lambda: start_job("scan", {}, key="retried-twice", owner=walker))
+    orm(lambda: cancel_job(job.id))
+    job_id = str(job.id)
+    page = logged_in_page(browser, web)
+    card = card_of(page, job_id)
+    retry = card.locator("button.retry")
+    expect(retry).to_be_visible()
+
+    def no_list(route):
+        if route.request.method == "GET":
+            route.abort()
+        else:
+            route.continue_()
+
+    def is_list(url):
+        return urlparse(url).path == "/api/jobs/"
+
+    page.route(is_list, no_list)
+    retry_id = api_retry(page, web, job_id, "retried-behind")
+    retry.click()
+    expect(card.locator(".chain .retried-as")).to_have_text(f"Retried as {retry_id[:8]}")
+    expect(retry).to_be_hidden()
+    expect(card.locator(".problem")).to_be_hidden()
+    assert "retried already" in page.locator("#announcer").inner_text()
+
+    # The list answers again: the retry's card comes, and the count counts it.
+    page.unroute(is_list, no_list)
+    expect(card_of(page, retry_id).locator(".chain .retry-of")).to_have_text(
+        f"Retry of {job_id[:8]}", timeout=10_000
+    )
+    assert listed(page) == [retry_id, job_id]
+    expect(page.locator("#jobs-status")).to_have_text("Newest first: 2 of 2 listed.")

@@ -6,8 +6,10 @@
 // On load the page lists the user's recent jobs (GET /api/jobs/, whoever started them: this
 // page, the API or the project's code) with their stages (the detail's `stages`), and watches
 // each live one from the last seq this tab showed (kept in sessionStorage: a reload resumes,
-// it does not replay). Each card has a Cancel button while its job is live and a Retry button
-// once it failed, timed out or was cancelled. Text from the server goes in with textContent.
+// it does not replay). It then asks for the newest page of the list every couple of seconds,
+// so that a job started elsewhere (or retried elsewhere) shows up without a reload. Each card
+// has a Cancel button while its job is live and a Retry button once it failed, timed out or was
+// cancelled and has no retry yet. Text from the server goes in with textContent.
 "use strict";
 
 // Every registered job type, as the server declares it (gateway.views.index): its stages in
@@ -126,7 +128,7 @@ async function sendJobRequest(request) {
   result.textContent = `HTTP ${answer.status}${answer.replayed ? " — replayed (Idempotent-Replayed: true), no new job" : " — executed"}`;
   result.className = answer.replayed ? "replayed" : "";
   if (answer.status === 201) {
-    showJob(answer.body);
+    showJob(answer.body, { replayed: answer.replayed });
   } else {
     const body = answer.body || {};
     result.textContent += `: ${body.title || ""} ${body.detail || answer.problem || ""}`;
@@ -175,12 +177,14 @@ document.getElementById("send-again").addEventListener("click", () => {
 
 const watched = new Map(); // job id -> its card's state
 
-function showJob(job) {
-  if (watched.has(job.job_id)) {
-    pointAt(watched.get(job.job_id));
+function showJob(job, { replayed }) {
+  const shown = watched.get(String(job.job_id));
+  if (shown) {
+    // Already on the page: a replay points at it; a new job the list brought first is there.
+    if (replayed) pointAt(shown);
     return;
   }
-  watch(addCard(job, { first: true }));
+  watch(addCard(job, { after: null }));
 }
 
 function pointAt(state) {
@@ -197,7 +201,9 @@ function shortId(jobId) {
   return String(jobId).slice(0, 8);
 }
 
-function addCard(job, { first }) {
+// A card for the job: first on the page (`after` null), after another job's card (`after` its
+// state: the list is newest first), or last (`after` "end": an older page of the list).
+function addCard(job, { after }) {
   const card = document.getElementById("job-template").content.firstElementChild.cloneNode(true);
   const jobId = String(job.job_id);
   card.id = `job-${jobId}`;
@@ -230,12 +236,17 @@ function addCard(job, { first }) {
   card.querySelector(".retry").addEventListener("click", () => retryJob(state));
   card.querySelector(".connection").hidden = true; // until a stream is opened
   const jobs = document.getElementById("jobs");
-  if (first) jobs.prepend(card);
-  else jobs.append(card);
+  if (after === null) jobs.prepend(card);
+  else if (after === "end") jobs.append(card);
+  else after.card.after(card);
   watched.set(jobId, state);
   showJobsStatus();
   setJobState(state, job.state || "PENDING", { quiet: true });
-  if (job.retry_of) showRetryOf(state, String(job.retry_of));
+  showChain(state, job);
+  // Its retry's card came first (the list is newest first): it says what retried this one.
+  for (const other of watched.values()) {
+    if (other.job.retry_of && String(other.job.retry_of) === jobId) showRetriedAs(state, String(other.job.job_id));
+  }
   return state;
 }
 
@@ -250,10 +261,11 @@ function addChip(state, stage) {
   const note = document.createElement("span");
   note.className = "stage-note";
   chip.append(name, note);
-  // A stage the page did not know of (a type changed since): before the final chip.
+  // A stage the page did not know of (a type changed since): before the final chip. A space
+  // after each chip, which the flex layout does not draw, keeps their texts apart when read.
   const final = state.chips.get(FINAL_STAGE);
-  if (final && stage !== FINAL_STAGE) final.before(chip);
-  else state.card.querySelector(".stages").append(chip);
+  if (final && stage !== FINAL_STAGE) final.before(chip, " ");
+  else state.card.querySelector(".stages").append(chip, " ");
   state.chips.set(stage, chip);
   return chip;
 }
@@ -283,6 +295,7 @@ function setJobState(state, jobState, { quiet = false } = {}) {
   if (ENDED.includes(jobState)) {
     clearTimeout(state.quietTimer);
     forgetSeq(state.job.job_id);
+    endBar(state, jobState);
     if (jobState === "COMPLETED") {
       for (const chip of state.chips.values()) if (chip.dataset.state !== "COMPLETED") setChip(chip, "COMPLETED", "");
     } else {
@@ -304,10 +317,21 @@ function chainPart(state, name) {
   if (!part) {
     part = document.createElement("span");
     part.className = name;
-    if (name === "retry-of") chain.prepend(part);
-    else chain.append(part);
+    // "Retry of …", then "Retried as …", with a separator in the text itself (not drawn by the
+    // stylesheet): read aloud or copied, the two do not run together.
+    const first = name === "retry-of" ? part : chain.querySelector(".retry-of");
+    const second = name === "retried-as" ? part : chain.querySelector(".retried-as");
+    chain.replaceChildren(...(first && second ? [first, " · ", second] : [part]));
   }
   return part;
+}
+
+// From a job as the list, its detail or a retry's answer shows it: `retry_of` (the job it
+// retries) and `retried_by` (its retry, wherever it was made: this page, another tab, the API,
+// the admin). Either may be absent (an older server): read as "none".
+function showChain(state, job) {
+  if (job.retry_of) showRetryOf(state, String(job.retry_of));
+  if (job.retried_by) showRetriedAs(state, String(job.retried_by));
 }
 
 function showRetryOf(state, oldId) {
@@ -317,6 +341,7 @@ function showRetryOf(state, oldId) {
 }
 
 function showRetriedAs(state, newId) {
+  if (state.retriedAs === newId) return;
   state.retriedAs = newId;
   state.card.querySelector(".retry").hidden = true; // retry the newest of the chain, on its card
   chainPart(state, "retried-as").replaceChildren("Retried as ", jobLink(newId));
@@ -395,11 +420,23 @@ function logLine(state, text, className) {
 }
 
 function setBar(state, percent) {
-  state.progress = percent;
+  // An ended job's bar is full (its final event says 100): the job is over. Only a completed
+  // one says "100 %"; the others say how they ended, their colour too (app.css), and their
+  // chips say where they stopped.
+  const ended = ENDED.includes(state.jobState);
+  const value = ended ? 100 : percent;
+  const text = ended && state.jobState !== "COMPLETED" ? STATE_WORDS[state.jobState] : `${Math.round(value)} %`;
+  state.progress = value;
   const bar = state.card.querySelector("progress");
-  bar.value = percent;
-  bar.setAttribute("aria-valuenow", String(percent));
-  state.card.querySelector(".percent").textContent = `${Math.round(percent)} %`;
+  bar.value = value;
+  bar.setAttribute("aria-valuenow", String(value));
+  bar.setAttribute("aria-valuetext", text);
+  state.card.querySelector(".percent").textContent = text;
+}
+
+function endBar(state, jobState) {
+  state.card.querySelector(".bar").classList.add("ended", jobState.toLowerCase().replace("_", "-"));
+  setBar(state, 100);
 }
 
 function showProgress(state, stage, data) {
@@ -425,8 +462,8 @@ function showProgress(state, stage, data) {
   }
   // The event says how far the job is; the page does not guess it from the stage, which put
   // scan a stage behind and kept chat at 0 % through its whole answer. An event without a
-  // progress leaves the bar where it was, and so does the final event of a job that did not
-  // complete (it says 100: the job is over, not done); the final event of one that did ends it.
+  // progress leaves the bar where it was. The final event of a job that did not complete
+  // leaves it to the job's state (endBar: full, in the outcome's colour).
   const reported = data ? data.progress : undefined;
   if (final && outcome !== "COMPLETED") return;
   if (typeof reported === "number" && Number.isFinite(reported)) {
@@ -436,12 +473,22 @@ function showProgress(state, stage, data) {
   }
 }
 
-function showAnswer(state, text, gap) {
-  // Chat's answer chunks, concatenated in seq order, are its answer: it grows as they arrive.
+function showAnswer(state, stage, text, gap) {
+  // An event's `text`: a stage's texts, concatenated in seq order, are one text (chat's answer
+  // chunks are its answer: it grows as they arrive); each stage's text is a line of its own
+  // (a refund's "holding for 0 s", then its payment's "calling the bank").
   if (typeof text !== "string") return;
   const answer = state.card.querySelector(".answer");
   answer.hidden = false;
-  answer.textContent += (gap ? " […] " : "") + text;
+  const name = String(stage || "");
+  let part = answer.querySelector(`.answer-part[data-stage="${CSS.escape(name)}"]`);
+  if (!part) {
+    part = document.createElement("div");
+    part.className = "answer-part";
+    part.dataset.stage = name;
+    answer.append(part);
+  }
+  part.textContent += (gap ? " […] " : "") + text;
 }
 
 function onEvent(state, frame) {
@@ -450,7 +497,7 @@ function onEvent(state, frame) {
   state.shownSeq = Math.max(state.shownSeq, frame.seq);
   storeSeq(state.job.job_id, frame.seq);
   showProgress(state, frame.stage, frame.data);
-  showAnswer(state, (frame.data || {}).text, false);
+  showAnswer(state, frame.stage, (frame.data || {}).text, false);
   const data = frame.data || {};
   if (data.final === true) {
     const outcome = String(data.state || "COMPLETED");
@@ -471,7 +518,7 @@ function onReset(state, snapshot) {
   storeSeq(state.job.job_id, seq);
   if (snapshot.stage) showProgress(state, snapshot.stage, snapshot.data);
   // The chunks between the last one shown and the snapshot's are gone: the answer says so.
-  showAnswer(state, (snapshot.data || {}).text, true);
+  showAnswer(state, snapshot.stage, (snapshot.data || {}).text, true);
   if (ENDED.includes(snapshot.state)) setJobState(state, snapshot.state);
   refreshDetail(state);
 }
@@ -505,15 +552,11 @@ function showDetail(state, detail) {
   const ended = ENDED.includes(detail.state);
   // A live job's detail older than the events shown would undo them: the stream is newer.
   if (!ended && seq < state.shownSeq) return;
-  if (detail.retry_of) showRetryOf(state, String(detail.retry_of));
+  showChain(state, detail);
   if (latest && latest.data && seq >= state.shownSeq) {
     state.shownSeq = Math.max(state.shownSeq, seq);
     showProgress(state, String(latest.stage || ""), latest.data);
   }
-  // A job that ended without completing, never watched here: how far it got is not known (its
-  // final event says 100), its stages say where it stopped; no bar rather than a wrong one.
-  const unwatched = state.card.querySelector(".log").children.length === 0;
-  state.card.querySelector(".bar").hidden = ended && detail.state !== "COMPLETED" && unwatched;
   for (const stage of Array.isArray(detail.stages) ? detail.stages : []) showStage(state, stage, detail.state);
   if (detail.error && typeof detail.error === "object") showFailure(state, null, detail.error);
   setJobState(state, detail.state);
@@ -536,8 +579,11 @@ function showStage(state, stage, jobState) {
       // Attempt n failed; attempt n + 1 waits for its backoff.
       setChip(chip, "RETRYING", `retrying: attempt ${attempts + 1}`);
       break;
+    case "CANCELLED":
+      setChip(chip, "CANCELLED", "cancelled");
+      break;
     case "FAILED":
-      // The stage a cancel stopped has a failure on record (JobCancelled): it was cancelled.
+      // An older server says FAILED (error JobCancelled) of the stage a cancel stopped.
       if (jobState === "CANCELLED") setChip(chip, "CANCELLED", "cancelled");
       else setChip(chip, "FAILED", attempts > 1 ? `failed after ${attempts} attempts` : "failed");
       break;
@@ -611,16 +657,28 @@ async function retryJob(state) {
     return;
   }
   state.retryKey = null;
+  const retriedBy = answer.status === 409 && answer.body && answer.body.retried_by;
+  if (retriedBy) {
+    // Retried elsewhere already (another tab, the API, the admin): a job has one retry. The
+    // card points at it, and the list brings its card.
+    showRetriedAs(state, String(retriedBy));
+    announce(`${state.job.domain} job ${shortId(state.job.job_id)} was retried already, as ${shortId(retriedBy)}`);
+    pollSoon();
+    return;
+  }
   if (answer.status !== 201 || !answer.body) {
     showProblem(state, `Retry refused: ${answer.problem}`);
     if (answer.status === 409) refreshDetail(state);
     return;
   }
   const job = answer.body;
-  if (watched.has(job.job_id)) {
-    pointAt(watched.get(job.job_id));
+  const shown = watched.get(String(job.job_id));
+  if (shown) {
+    // A replay of this key, or the list brought the new job first.
+    showRetryOf(shown, String(state.job.job_id));
+    pointAt(shown);
   } else {
-    const retry = addCard(Object.assign({ retry_of: state.job.job_id }, job), { first: true });
+    const retry = addCard(Object.assign({ retry_of: state.job.job_id }, job), { after: null });
     watch(retry);
     announce(`${state.job.domain} job ${shortId(state.job.job_id)} retried as ${shortId(job.job_id)}`);
   }
@@ -628,43 +686,99 @@ async function retryJob(state) {
 
 // -- the user's recent jobs ---------------------------------------------------------------------
 
+// Jobs started elsewhere (the API, the project's code, another tab) and retries made elsewhere
+// reach an open page by polling: every POLL_MS the page asks for the newest page of its list
+// (GET /api/jobs/?page_size=10) and adds the jobs it does not show, in their place, and each
+// listed card's `retried_by`. Polling rather than a per-user live channel: that channel would
+// need every start, by any process, published to a per-user Redis channel and a second socket
+// per tab, a new protocol to keep; the list is there already, and one of its pages is cheap:
+// six small queries (the session, the user and their permissions, the count and the page, both
+// on the (owner, accepted_at) index), about 4.5 ms of the server's time in all on SQLite, 2.6 kB
+// (docs/reference/page.md). The page polls only while it is visible (a hidden tab asks nothing,
+// and asks at once when shown again), waits as long as a 429's Retry-After says, and backs off
+// on failures: one visible tab spends 30 of the jobs throttle's 120 requests a minute. A live
+// card's state is left to its stream, which is in seq order; the list only adds cards and
+// retry chains.
+const POLL_MS = 2000;
+const POLL_MAX_MS = 60000;
+// Pages walked at most in one poll, when none of the newest page's jobs was on the page yet.
+const POLL_MAX_PAGES = 5;
+
 const moreButton = document.getElementById("more-jobs");
 const jobsStatus = document.getElementById("jobs-status");
-let nextPage = null;
-let listed = 0; // jobs the list brought (not those started here since)
-let listTotal = null; // the user's jobs when the list was asked
+let listTotal = null; // the user's jobs, as the list last said (null: it has not answered yet)
+let pollTimer = null;
+let pollDelay = POLL_MS;
+let polling = false;
+let pollAgain = false; // asked for while a poll was under way: its answer may predate the news
 
-async function loadJobs(url) {
+function isPage(answer) {
+  return answer.ok && answer.body && Array.isArray(answer.body.results);
+}
+
+// A listed job: its card, added if the page does not show it (after `newer`, the job listed
+// just before it, or last), and what the list says of its retries.
+function listJob(job, newer) {
+  const shown = watched.get(String(job.job_id));
+  if (shown) {
+    showChain(shown, job);
+    return shown;
+  }
+  const state = addCard(job, { after: newer });
+  if (LIVE.includes(state.jobState)) watch(state);
+  refreshDetail(state); // its stages
+  return state;
+}
+
+// The newest jobs: the first page, and the next ones while none of a page's jobs was on the
+// page before (more jobs started since the last poll than a page holds).
+async function loadNewest() {
+  const hadCards = watched.size > 0;
+  let url = `/api/jobs/?page_size=${LIST_PAGE_SIZE}`;
+  let newer = null;
+  let answer = null;
+  for (let pages = 0; pages < POLL_MAX_PAGES && url; pages += 1) {
+    answer = await callApi(url);
+    if (!isPage(answer)) break;
+    listTotal = Number(answer.body.count) || 0;
+    let reached = false;
+    for (const job of answer.body.results) {
+      reached = reached || watched.has(String(job.job_id));
+      const state = listJob(job, newer);
+      newer = state;
+    }
+    // The next page's address as a path of this origin (DRF writes it absolute, with the host
+    // the request named).
+    url = hadCards && !reached && answer.body.next ? pathOf(answer.body.next) : null;
+  }
+  showJobsStatus();
+  return answer;
+}
+
+// Older jobs: the page of the list after the cards shown (all of the newest ones, the list
+// being newest first). A page the new jobs shifted repeats some of them: those are skipped.
+async function loadOlder() {
   moreButton.disabled = true;
-  const answer = await callApi(url);
+  const page = Math.floor(watched.size / LIST_PAGE_SIZE) + 1;
+  const answer = await callApi(`/api/jobs/?page_size=${LIST_PAGE_SIZE}&page=${page}`);
   moreButton.disabled = false;
-  if (!answer.ok || !answer.body || !Array.isArray(answer.body.results)) {
-    jobsStatus.textContent = `Your jobs could not be listed: ${answer.problem || "not a page of jobs"}`;
+  if (!isPage(answer)) {
+    jobsStatus.textContent = `Older jobs could not be listed: ${answer.problem || "not a page of jobs"}`;
     return;
   }
-  for (const job of answer.body.results) {
-    listed += 1;
-    if (watched.has(job.job_id)) continue; // started from this page meanwhile
-    const state = addCard(job, { first: false });
-    if (LIVE.includes(state.jobState)) watch(state);
-    refreshDetail(state);
-  }
-  for (const state of watched.values()) {
-    if (state.job.retry_of) showRetryOf(state, String(state.job.retry_of)); // its old job listed later
-  }
-  // The next page's address as a path of this origin (DRF writes it absolute, with the host
-  // the request named).
-  nextPage = answer.body.next ? pathOf(answer.body.next) : null;
-  moreButton.hidden = nextPage === null;
   listTotal = Number(answer.body.count) || 0;
+  for (const job of answer.body.results) if (!watched.has(String(job.job_id))) listJob(job, "end");
   showJobsStatus();
 }
 
 function showJobsStatus() {
   if (listTotal === null) return; // the list has not answered yet
+  // The cards on the page are the newest jobs; one started here since the last answer counts
+  // among them until the next one.
+  const total = Math.max(listTotal, watched.size);
+  moreButton.hidden = watched.size >= total;
   if (watched.size === 0) jobsStatus.textContent = "No jobs yet: start one above.";
-  else if (listTotal === 0) jobsStatus.textContent = "Newest first.";
-  else jobsStatus.textContent = `Newest first: ${listed} of ${listTotal} listed.`;
+  else jobsStatus.textContent = `Newest first: ${watched.size} of ${total} listed.`;
 }
 
 function pathOf(address) {
@@ -672,8 +786,44 @@ function pathOf(address) {
   return url.pathname + url.search;
 }
 
-moreButton.addEventListener("click", () => {
-  if (nextPage) loadJobs(nextPage);
+async function poll() {
+  pollTimer = null;
+  if (polling || document.hidden) return;
+  polling = true;
+  pollAgain = false;
+  const first = listTotal === null;
+  const answer = await loadNewest();
+  polling = false;
+  if (first && !isPage(answer)) {
+    jobsStatus.textContent = `Your jobs could not be listed: ${answer.problem || "not a page of jobs"}`;
+  }
+  if (isPage(answer)) pollDelay = POLL_MS;
+  else if (answer.status === 429 && answer.retryAfter) pollDelay = Math.max(POLL_MS, answer.retryAfter * 1000);
+  else pollDelay = Math.min(POLL_MAX_MS, pollDelay * 2);
+  schedulePoll(pollAgain && isPage(answer) ? 0 : pollDelay);
+}
+
+function schedulePoll(delay) {
+  clearTimeout(pollTimer);
+  pollTimer = null;
+  if (!document.hidden) pollTimer = setTimeout(poll, delay);
+}
+
+// Something changed that the list will show (a retry made elsewhere): ask now.
+function pollSoon() {
+  if (polling) pollAgain = true;
+  else schedulePoll(0);
+}
+
+document.addEventListener("visibilitychange", () => {
+  if (!document.hidden) {
+    pollSoon();
+    return;
+  }
+  clearTimeout(pollTimer); // nothing is asked while hidden
+  pollTimer = null;
 });
 
-loadJobs(`/api/jobs/?page_size=${LIST_PAGE_SIZE}`);
+moreButton.addEventListener("click", loadOlder);
+
+poll();
