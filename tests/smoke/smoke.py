@@ -1,4 +1,4 @@
-"""The installed-toolkit smoke test (SPEC §10), driven by tests/smoke/run_smoke.sh: the tutorial
+"""The installed-toolkit smoke test, driven by tests/smoke/run_smoke.sh: the tutorial
 (docs/tutorial.md) run as written.
 
 Runs with the Python of a fresh virtualenv outside the repository, into which only the built
@@ -17,23 +17,30 @@ Every fenced block of the tutorial carries a tag just above it, `<!-- smoke: KIN
     write FILE, append FILE a file of the project, relative to the folder the shell is in
     sh NAME                 shell commands, run to their end by bash in one session that goes on
                             from block to block (its folder and variables: `cd mysite`, `JOB=...`)
-    run development         the processes of the development stack, one a line, started in the
-                            background: redis-server, the Celery worker, run_router,
-                            run_reclaimer and runserver (DEBUG on)
-    run production          collectstatic, run to its end, and daphne (DEBUG off)
+    run development         the development stack, one process a line, started in the background:
+                            the tutorial's own redis-server (on a free port in place of 6380, while
+                            a Redis, or a placeholder of this test's, holds 6379), run_jobs and
+                            runserver (DEBUG on)
+    run production          its `export` lines, then collectstatic, run to its end, run_jobs and
+                            daphne (DEBUG off), once runserver and run_jobs are stopped as it says
+    output NAME             what a terminal shows; not run (the checks around it check it)
 
 A curl to 127.0.0.1:8000 goes to the server started last. Between the blocks this test checks
 what the tutorial says happens (Tutorial's `before_<name>` and `after_<name>` methods, around
-the `sh <name>` blocks): the keyed order created once and replayed, the
-refund's events over the WebSocket each once and in seq order, the cancel stopping the hold
-stage before any payment, the failed job retried under its first key. Then its own checks, on
-daphne: a keyed POST without a key and with another body, a stage retried after the bank's 503,
-the admin's job page and dead letters, and, under both servers, that every script, style sheet
-and icon the page, its login page and the admin's login page reference answers 200 with its
-content type; runserver's WebSocket replays a job's events; and the test file of
-docs/howto/test-job-types.md, written into the project as that page says, passes (its tagged
-blocks are run as the tutorial's are). The project is the tutorial's plus a few settings of
-this test (`SMOKE_SETTINGS`). It stops every process it started,
+the `sh <name>` blocks): run_jobs's processes each saying they run, the keyed order created once
+and replayed, the refund's card appearing on a page open in chromium without a reload (the
+repository's Python drives it: tests/smoke/browser.py; said plainly where it cannot run, an
+error on CI), its events over the WebSocket each once and in seq order, the cancel stopping the
+hold stage before any payment, the failed job retried under its first key (and once: another
+key gets a 409 naming the retry), the worker killed mid-job and the job resumed once (its
+finished stages not run again, one payment, one mail). Then its own checks, on daphne: a keyed
+POST without a key and with another body, a stage retried after the bank's 503, the admin's job
+page and dead letters, keyed POST /api/jobs/ from several users at once on the tutorial's SQLite
+(no 503), and, under both servers, that every script, style sheet and icon the page, its login
+page and the admin's login page reference answers 200 with its content type; runserver's
+WebSocket replays a job's events; the test file of docs/howto/test-job-types.md, written into the
+project as that page says, passes (its tagged blocks are run as the tutorial's are); and the
+tutorial's Redis left no append-only file in the project. It stops every process it started,
 whatever happens, and exits 1 with the reason and the processes' logs on failure.
 """
 
@@ -43,6 +50,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -63,23 +71,21 @@ FENCE = re.compile(r"^```", re.MULTILINE)
 CHECKOUT = "/path/to/this/checkout"  # the tutorial's placeholder for what run_smoke.sh built the wheel from
 SERVER = "127.0.0.1:8000"  # the tutorial's address, replaced by the port of the server started last
 RUNS = {
-    "run development": {"redis-server", "celery", "run_router", "run_reclaimer", "runserver"},
-    "run production": {"collectstatic", "daphne"},
+    "run development": {"redis-server", "run_jobs", "runserver"},
+    "run production": {"collectstatic", "run_jobs", "daphne"},
 }
+# What run_jobs starts; each says it runs (the supervisor's line, then the process's own).
+JOBS_PROCESSES = {
+    "worker": "celery@",  # Celery's "celery@<host> ready."
+    "router": "run_router: running",
+    "reclaimer": "run_reclaimer: running",
+    "sweeper": "Sweeping every",
+}
+TUTORIAL_REDIS_PORT = "6380"  # the tutorial's own Redis, replaced by a free port as 8000 is
+TAKEN_PORT = 6379  # a Redis already running there (Debian's service) must not get in the way
+USERS_AT_ONCE, POSTS_EACH = 4, 5  # keyed POST /api/jobs/ sent at once on the tutorial's SQLite
 # The tutorial's Refund (shop/jobs.py): (stage, seq) of each event, as the toolkit numbers them.
 REFUND_EVENTS = [("check", 10), ("hold", 20), ("pay", 30), ("notify", 40), ("done", 51)]
-# This test's own settings, after the tutorial's: SQLite waiting for its lock, as several
-# processes (the servers, the worker, the router, the reclaimer, this script) share the file;
-# DEBUG off with ALLOWED_HOSTS, as in production, unless SMOKE_DEBUG=1 (the development stack,
-# which keeps startproject's DEBUG = True and ALLOWED_HOSTS = []).
-SMOKE_SETTINGS = """
-
-# The smoke test's own (tests/smoke/smoke.py).
-DATABASES["default"]["OPTIONS"] = {"timeout": 20}
-if os.environ.get("SMOKE_DEBUG") != "1":
-    DEBUG = False
-    ALLOWED_HOSTS = ["127.0.0.1", "localhost"]
-"""
 
 
 class SmokeFailure(Exception):
@@ -138,7 +144,7 @@ def tutorial_blocks(tutorial: Path) -> list[tuple[str, str, str]]:
     for tag, _, _ in blocks:
         kind = tag.split()[0]
         check(
-            kind in ("install", "write", "append", "sh") or tag in RUNS,
+            kind in ("install", "write", "append", "sh", "output") or tag in RUNS,
             f"{tutorial.name}: unknown tag <!-- smoke: {tag} -->",
         )
     runs = [tag for tag, _, _ in blocks if tag in RUNS]
@@ -164,16 +170,21 @@ def tutorial_requirements(tutorial: Path) -> list[str]:
     return [word for word in words[2:] if word != CHECKOUT]
 
 
-def keyed_commands(tag: str, code: str) -> dict[str, list[str]]:
-    """A run block's lines, keyed by what they start (a manage.py command's name, else the program)."""
-    keyed = {}
+def keyed_commands(tag: str, code: str) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """A run block's lines, keyed by what they start (a manage.py command's name, else the
+    program), and the variables its `export NAME=value` lines set for them."""
+    keyed, exported = {}, {}
     for line in command_lines(code):
         argv = shlex.split(line)
+        if argv[0] == "export":
+            name, _, value = argv[1].partition("=")
+            exported[name] = value
+            continue
         keyed[argv[2] if argv[:2] == ["python", "manage.py"] else argv[0]] = argv
     check(
         keyed.keys() == RUNS[tag], f"the tutorial's {tag} block runs {sorted(keyed)}, not {sorted(RUNS[tag])}"
     )
-    return keyed
+    return keyed, exported
 
 
 class Shell:
@@ -211,6 +222,7 @@ class Shell:
             f"the tutorial's `sh {name}` block failed ({result.returncode}):\n{code}\n{result.stdout}\n{result.stderr}",
         )
         self.cwd = Path(folder.read_text().strip())
+        (self.state / f"{name}.out").write_text(result.stdout)  # for SMOKE_KEEP=1: what a reader sees
         return result.stdout
 
     def variable(self, name: str) -> str:
@@ -262,16 +274,29 @@ class Stack:
     def stop(self) -> None:
         # One at a time, the last started first: Redis stops after everything that uses it.
         for name, process, _ in reversed(self.processes):
-            try:
-                os.killpg(process.pid, signal.SIGTERM)
-                process.wait(10)
-            except ProcessLookupError:
-                pass  # its group is gone already
-            except subprocess.TimeoutExpired:
-                say(f"{name} did not stop on SIGTERM within 10 s; killing it")
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(5)
+            self._stop(name, process)
         (self.root / "pids").unlink(missing_ok=True)
+
+    def stop_one(self, name: str) -> None:
+        """Stop one process, as Ctrl-C in its terminal would (its log stays)."""
+        (found,) = [(n, p) for n, p, _ in self.processes if n == name]
+        self._stop(*found)
+        self.processes = [entry for entry in self.processes if entry[0] != name]
+
+    @staticmethod
+    def _stop(name: str, process: subprocess.Popen) -> None:
+        try:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(15)
+        except ProcessLookupError:
+            pass  # its group is gone already
+        except subprocess.TimeoutExpired:
+            say(f"{name} did not stop on SIGTERM within 15 s; killing it")
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(5)
+
+    def log(self, name: str) -> str:
+        return (self.root / f"{name}.log").read_text(errors="replace")
 
     def dump_logs(self) -> None:
         for name, _, log_path in self.processes:
@@ -439,6 +464,14 @@ def stage_of(base: str, token: str, job_id: str, stage: str) -> dict:
     return found
 
 
+def db_state(job_id: str) -> str:
+    """A job's state as the database has it: for the long waits, which polling the jobs API
+    would spend the user's throttle on (120 requests a minute)."""
+    from eventbus.models import Job
+
+    return Job.objects.values_list("state", flat=True).get(pk=job_id)
+
+
 def bank_refunds(key: str) -> int:
     from shop.models import BankRefund
 
@@ -453,13 +486,16 @@ class Tutorial:
         bin_dir = str(Path(sys.executable).parent)
         self.bin_dir = bin_dir
         self.redis_port, self.dev_port, self.web_port = free_port(), free_port(), free_port()
+        # The tutorial's `~` (its Redis's folder): a home of this run's, outside the project.
+        self.home = work.parent / "home"
+        self.home.mkdir(exist_ok=True)
         self.env = {
             **os.environ,
+            "HOME": str(self.home),
             "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
             "VIRTUAL_ENV": str(Path(sys.executable).parent.parent),
             "REDIS_URL": f"redis://127.0.0.1:{self.redis_port}/0",
             "PYTHONUNBUFFERED": "1",
-            "SMOKE_DEBUG": "1",  # the development stack's; daphne runs without it
         }
         self.env.pop("PYTHONPATH", None)
         self.env.pop("DJANGO_SETTINGS_MODULE", None)
@@ -470,6 +506,8 @@ class Tutorial:
         self.root = work
         self.dev = self.web = ""
         self.jobs: dict[str, str] = {}  # the tutorial's jobs by block: refund, hold, bank-down, retry
+        self.placeholder: socket.socket | None = None  # holds port 6379 when no Redis does
+        self.browser: subprocess.Popen | None = None  # the page, open in chromium (tests/smoke/browser.py)
 
     # The processes
 
@@ -497,30 +535,15 @@ class Tutorial:
             self._django = True
 
     def run_development(self, code: str) -> None:
-        commands = keyed_commands("run development", code)
+        commands, _ = keyed_commands("run development", code)
         self.root = self.shell.cwd
         check(
             (self.root / "manage.py").exists(), f"no manage.py in {self.root}, where the tutorial's shell is"
         )
-        settings = self.root / PROJECT / "settings.py"
-        settings.write_text(settings.read_text() + SMOKE_SETTINGS)
         run_once([sys.executable, "manage.py", "check"], self.root, self.env, until=self.until)
         self.stack = stack = Stack(self.root, self.env)
-        stack.start(
-            "redis",
-            *self.program(commands["redis-server"], "--port", str(self.redis_port), "--bind", "127.0.0.1"),
-            "--save",
-            "",
-            "--dir",
-            str(self.root),
-        )
-        wait_for(lambda: port_open(self.redis_port), until=self.until, what="redis-server", stack=stack)
-        # The worker in one process (solo) without the cluster chatter: all this run needs.
-        stack.start(
-            "worker", *self.program(commands["celery"], "-P", "solo", "--without-mingle", "--without-gossip")
-        )
-        stack.start("router", *self.program(commands["run_router"]))
-        stack.start("reclaimer", *self.program(commands["run_reclaimer"]))
+        self.start_redis(commands["redis-server"])
+        self.start_jobs(commands["run_jobs"], self.env)
         stack.start(
             "runserver", *self.program(commands["runserver"], "--noreload", f"127.0.0.1:{self.dev_port}")
         )
@@ -528,14 +551,56 @@ class Tutorial:
         self.dev = f"http://127.0.0.1:{self.dev_port}"
         self.shell.server = f"127.0.0.1:{self.dev_port}"
         say(
-            f"development: redis :{self.redis_port}, celery worker, run_router, run_reclaimer, runserver :{self.dev_port}"
+            f"development: redis :{self.redis_port} beside the one on :{TAKEN_PORT}, run_jobs, runserver :{self.dev_port}"
         )
 
-    def run_production(self, code: str) -> None:
-        commands = keyed_commands("run production", code)
-        production = {key: value for key, value in self.env.items() if key != "SMOKE_DEBUG"}
-        run_once(self.program(commands["collectstatic"]), self.root, production, until=self.until)
+    def start_redis(self, argv: list[str]) -> None:
+        """The tutorial's redis-server line as written, on a free port in place of its own, while
+        a Redis (or, on a machine without one, this test's placeholder) listens on 6379."""
+        if not port_open(TAKEN_PORT):
+            self.placeholder = socket.create_server(("127.0.0.1", TAKEN_PORT))
+            say(f"nothing listens on :{TAKEN_PORT}: a placeholder socket takes it, as Debian's Redis would")
+        argv = [str(self.redis_port) if word == TUTORIAL_REDIS_PORT else word for word in argv]
+        check(
+            str(self.redis_port) in argv,
+            f"the tutorial's redis-server runs on no --port {TUTORIAL_REDIS_PORT}",
+        )
+        argv = [f"{self.home}{word[1:]}" if word.startswith("~/") else word for word in argv]
+        folder = Path(argv[argv.index("--dir") + 1]) if "--dir" in argv else self.root
+        check(
+            self.root not in (folder, *folder.parents),
+            f"the tutorial's Redis keeps its files in {folder}, inside the project",
+        )
         assert self.stack is not None
+        self.stack.start("redis", *self.program(argv))
+        wait_for(lambda: port_open(self.redis_port), until=self.until, what="redis-server", stack=self.stack)
+
+    def start_jobs(self, argv: list[str], env: dict) -> None:
+        """run_jobs, and each of its processes saying it runs."""
+        assert self.stack is not None
+        self.stack.start("jobs", *self.program(argv), env=env)
+        for name, running in JOBS_PROCESSES.items():
+            wait_for(
+                lambda name=name, running=running: any(
+                    line.startswith(f"{name} ") and running in line
+                    for line in self.stack.log("jobs").splitlines()
+                ),
+                until=self.until,
+                what=f"run_jobs's {name} to say it runs ({running!r})",
+                stack=self.stack,
+            )
+        say(f"run_jobs: {', '.join(JOBS_PROCESSES)} started, each saying it runs")
+
+    def run_production(self, code: str) -> None:
+        commands, exported = keyed_commands("run production", code)
+        # As the tutorial says: runserver and run_jobs stopped first.
+        assert self.stack is not None
+        self.stack.stop_one("runserver")
+        self.stack.stop_one("jobs")
+        (self.root / "jobs.log").rename(self.root / "jobs-development.log")
+        production = {**self.env, **exported}
+        run_once(self.program(commands["collectstatic"]), self.root, production, until=self.until)
+        self.start_jobs(commands["run_jobs"], production)
         self.stack.start(
             "daphne",
             *self.program(commands["daphne"], "-b", "127.0.0.1", "-p", str(self.web_port)),
@@ -544,7 +609,9 @@ class Tutorial:
         wait_for(lambda: port_open(self.web_port), until=self.until, what="daphne", stack=self.stack)
         self.web = f"http://127.0.0.1:{self.web_port}"
         self.shell.server = f"127.0.0.1:{self.web_port}"
-        say(f"production: collectstatic, daphne :{self.web_port} (DEBUG off)")
+        status, _, page = http("GET", f"{self.web}/no-such-page/")
+        check(status == 404 and "URLconf" not in page, f"daphne answers with DEBUG on: {status} {page[:500]}")
+        say(f"production: {exported}, collectstatic, run_jobs, daphne :{self.web_port} (DEBUG off)")
 
     def run(self) -> None:
         blocks = tutorial_blocks(self.tutorial)
@@ -566,7 +633,10 @@ class Tutorial:
             elif tag == "run development":
                 self.run_development(code)
             elif tag == "run production":
+                self.development_checks()
                 self.run_production(code)
+            elif kind == "output":
+                continue  # what a terminal shows: the checks around the blocks check it
             else:
                 getattr(self, f"before_{argument.replace('-', '_')}", lambda: None)()
                 output = self.shell.run(argument, code, until=self.until)
@@ -612,9 +682,17 @@ class Tutorial:
     def blocks(self) -> list[tuple[str, str]]:
         return [(tag, code) for tag, _, code in tutorial_blocks(self.tutorial)]
 
+    def before_refund(self) -> None:
+        self.browser = open_page(self.base, alice_cookie(), until=self.until)
+        self.refund_sent = time.monotonic()
+
     def after_refund(self, output: str) -> None:
         job_id = self.jobs["refund"] = self.shell.variable("JOB")
         check(json.loads(output)["job_id"] == job_id, f"GET /api/jobs/<id>/ answered {output}")
+        if self.browser is not None:
+            page_shows(self.browser, job_id, until=self.until)
+            seen = time.monotonic() - self.refund_sent
+            say(f"the open page showed the job started by curl {seen:.1f} s after the POST, without a reload")
         frames = self.watch(job_id)
         got = [(f.get("stage"), f.get("seq")) for f in frames]
         check(
@@ -633,9 +711,9 @@ class Tutorial:
         )
         check(bank_refunds(f"{job_id}:pay") == 1, "the bank did not refund once under the pay stage's key")
         wait_for(
-            lambda: "Subject: Refunded" in (self.root / "worker.log").read_text(errors="replace"),
+            lambda: "Subject: Refunded" in self.stack.log("jobs"),
             until=self.until,
-            what="the refund's email in the worker's log (the console email backend)",
+            what="the refund's email in run_jobs's output (the worker's console email backend)",
         )
         say(
             f"refund: events {[seq for _, seq in got]} over the WebSocket, each once; COMPLETED, paid once, mailed"
@@ -646,6 +724,7 @@ class Tutorial:
         token = self.shell.variable("TOKEN")
         wait_for(
             lambda: stage_of(self.base, token, job_id, "hold")["state"] == "RUNNING",
+            interval=0.3,  # the jobs API's throttle: 120 requests a minute
             until=self.until,
             what="the held refund's hold stage to start",
         )
@@ -669,7 +748,7 @@ class Tutorial:
         job_id = self.jobs["bank-down"] = self.shell.variable("JOB")
         token = self.shell.variable("TOKEN")
         wait_for(
-            lambda: job_state(self.base, token, job_id).get("state") == "FAILED",
+            lambda: db_state(job_id) == "FAILED",
             until=self.until,
             what="the refund with the bank down to fail",
         )
@@ -694,6 +773,11 @@ class Tutorial:
         check(
             replay[0] == 201 and replay[2]["job_id"] == new, f"the retry sent again: {replay[0]} {replay[2]}"
         )
+        other = http("POST", f"{self.base}/api/jobs/{first}/retry/", token=token, key=f"another-{key}")
+        check(
+            other[0] == 409 and isinstance(other[2], dict) and other[2].get("retried_by") == new,
+            f"a second retry under another key got {other[0]} {other[2]}, not 409 with retried_by {new}",
+        )
         frames = self.watch(new)
         final = final_of(frames)
         check(final.get("state") == "COMPLETED", f"the retried refund's final event: {final}")
@@ -704,7 +788,76 @@ class Tutorial:
         check(
             job_state(self.base, token, first).get("state") == "FAILED", "the first job is no longer FAILED"
         )
-        say(f"retry: the failed refund retried (201, replayed), COMPLETED, paid once under {first}:pay")
+        say(
+            f"retry: the failed refund retried (201, replayed; another key 409 retried_by), COMPLETED, "
+            f"paid once under {first}:pay"
+        )
+
+    def before_crash(self) -> None:
+        job_id = self.jobs["crash"] = self.shell.variable("JOB")
+        token = self.shell.variable("TOKEN")
+        wait_for(
+            lambda: stage_of(self.base, token, job_id, "hold")["state"] == "RUNNING",
+            interval=0.3,  # the jobs API's throttle: 120 requests a minute
+            until=self.until,
+            what="the slow refund's hold stage to start",
+        )
+        assert self.stack is not None
+        self.mails_before = self.stack.log("jobs").count("Subject: Refunded")
+
+    def after_crash(self, output: str) -> None:
+        assert self.stack is not None
+        wait_for(
+            lambda: "worker    | exited (killed by SIGKILL)" in self.stack.log("jobs"),
+            until=self.until,
+            what="run_jobs to see its worker killed",
+            stack=self.stack,
+        )
+        self.killed_at = time.monotonic()
+
+    def before_resumed(self) -> None:
+        job_id = self.jobs["crash"]
+        wait_for(
+            lambda: db_state(job_id) == "COMPLETED",
+            until=self.until,
+            what="the refund whose worker was killed to complete",
+        )
+        self.resumed_after = time.monotonic() - self.killed_at
+
+    def after_resumed(self, output: str) -> None:
+        assert self.stack is not None
+        job_id = self.jobs["crash"]
+        (expected,) = [code for tag, code in self.blocks() if tag == "output resumed"]
+        check(output.strip() == expected.strip(), f"the resumed job's stages:\n{output}\nnot\n{expected}")
+        log = self.stack.log("jobs")
+        check(
+            f"Job {job_id} (RUNNING) shows no sign of life" in log,
+            "the sweep did not say it enqueued the job again",
+        )
+        check(re.search(r"^worker +\| started \(pid", log, re.M), "run_jobs did not start its worker again")
+        check(bank_refunds(f"{job_id}:pay") == 1, "the resumed refund did not pay once")
+        frames = self.watch(job_id)
+        final = final_of(frames)
+        check(final.get("state") == "COMPLETED", f"the resumed refund's final event: {final}")
+        got = [(f.get("stage"), f.get("seq")) for f in frames]
+        check(got == REFUND_EVENTS, f"the resumed refund's socket got {got}, not {REFUND_EVENTS}")
+        mails = self.stack.log("jobs").count("Subject: Refunded") - self.mails_before
+        check(mails == 1, f"the resumed refund mailed {mails} times")
+        say(
+            f"crash: the worker killed mid-hold, started again by run_jobs, the job enqueued again by the "
+            f"sweep and COMPLETED {self.resumed_after:.0f} s after the kill; check ran once, pay once, one mail"
+        )
+
+    def development_checks(self) -> None:
+        """Before the tutorial stops runserver: its pages, and its WebSocket's replay."""
+        check_page(self.dev, alice_cookie())
+        job_id = self.jobs["refund"]
+        frames = watch_job(
+            f"ws://127.0.0.1:{self.dev_port}/ws/jobs/{job_id}/", alice_cookie(), self.dev, self.until
+        )
+        got = [(f.get("stage"), f.get("seq")) for f in frames]
+        check(got == REFUND_EVENTS, f"runserver's WebSocket replayed {got}, not {REFUND_EVENTS}")
+        say(f"runserver's WebSocket replays the refund's events from seq 0: {[seq for _, seq in got]}")
 
     # This test's own checks, beyond the tutorial's
 
@@ -714,14 +867,6 @@ class Tutorial:
         check_stage_retry(self.web, token, self.root, self.until)
         check_admin(self.web, self.jobs["refund"])
         check_page(self.web, cookie)
-        check_page(self.dev, cookie)
-        job_id = self.jobs["refund"]
-        frames = watch_job(
-            f"ws://127.0.0.1:{self.dev_port}/ws/jobs/{job_id}/", alice_cookie(), self.dev, self.until
-        )
-        got = [(f.get("stage"), f.get("seq")) for f in frames]
-        check(got == REFUND_EVENTS, f"runserver's WebSocket replayed {got}, not {REFUND_EVENTS}")
-        say(f"runserver's WebSocket replays the refund's events from seq 0: {[seq for _, seq in got]}")
         # The how-to that tests the tutorial's job type, run in its project as written.
         howto = self.tutorial.parent / "howto" / "test-job-types.md"
         blocks = BLOCK.findall(howto.read_text())
@@ -730,6 +875,14 @@ class Tutorial:
         )
         self.run_blocks(blocks)
         say(f"{howto.name}: its shop/tests.py passes in the tutorial's project")
+        check_jobs_at_once(self.web, self.until)
+        appendonly = [str(path) for path in self.root.rglob("appendonlydir")]
+        check(not appendonly, f"the tutorial left Redis's files in the project: {appendonly}")
+        check(
+            any(self.home.rglob("appendonlydir")),
+            f"the tutorial's Redis wrote no append-only file in {self.home}",
+        )
+        say("the tutorial's Redis kept its append-only file outside the project")
         assert self.stack is not None
         self.stack.check_alive()
 
@@ -746,6 +899,86 @@ def users():
     client = Client()
     client.force_login(user)  # a session in the database, as the login view makes it
     return token, f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}"
+
+
+def check_jobs_at_once(base: str, until: float) -> None:
+    """Keyed POST /api/jobs/ from several users at once, on the tutorial's SQLite: each gets its
+    job (201), none a 503 for a database busy with the others."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.contrib.auth import get_user_model
+    from rest_framework.authtoken.models import Token
+    from shop.models import Order
+
+    requests = []
+    for number in range(USERS_AT_ONCE):
+        user = get_user_model().objects.create_user(f"buyer-{number}", email=f"buyer-{number}@example.com")
+        token = Token.objects.create(user=user).key
+        for each in range(POSTS_EACH):
+            order = Order.objects.create(owner=user, sku="Z", total=Decimal("1.00"))
+            requests.append((token, f"at-once-{number}-{each}", order.pk))
+
+    def post(request):
+        token, key, order = request
+        return http(
+            "POST",
+            f"{base}/api/jobs/",
+            token=token,
+            key=key,
+            body={"domain": "refund", "payload": {"order": order}},
+        )
+
+    with ThreadPoolExecutor(len(requests)) as pool:
+        answers = list(pool.map(post, requests))
+    wrong = [f"{status} {body}" for status, _, body in answers if status not in (200, 201)]
+    check(
+        not wrong,
+        f"{len(wrong)} of {len(requests)} keyed POST /api/jobs/ at once failed:\n  " + "\n  ".join(wrong),
+    )
+    say(f"{len(requests)} keyed POST /api/jobs/ from {USERS_AT_ONCE} users at once on SQLite: all 201")
+
+
+def open_page(base: str, cookie: str, *, until: float) -> subprocess.Popen | None:
+    """The page, open in chromium (tests/smoke/browser.py, run by the repository's Python, which
+    has Playwright); None, said plainly, where that cannot run (CI must run it)."""
+    python = os.environ.get("SMOKE_BROWSER_PYTHON", "")
+    script = Path(__file__).with_name("browser.py")
+    missing = None
+    if not python or not Path(python).exists():
+        missing = "no SMOKE_BROWSER_PYTHON (the repository's interpreter, with Playwright)"
+    elif not (shutil.which("chromium") or Path("/usr/bin/chromium").exists()):
+        missing = "no chromium"
+    elif subprocess.run([python, "-c", "import playwright"], capture_output=True, check=False).returncode:
+        missing = f"{python} has no Playwright"
+    if missing:
+        check(not os.environ.get("CI"), f"the page's browser check cannot run on CI: {missing}")
+        say(f"SKIPPED the page's browser check: {missing}")
+        return None
+    name, _, value = cookie.partition("=")
+    browser = subprocess.Popen(
+        [python, str(script), base, name, value],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert browser.stdout is not None
+    line = browser.stdout.readline().strip()
+    check(line == "ready", f"the browser did not open the page: {line!r} (exit {browser.poll()})")
+    return browser
+
+
+def page_shows(browser: subprocess.Popen, job_id: str, *, until: float) -> None:
+    """The open page shows the job's card (the browser waits up to 10 s for it)."""
+    assert browser.stdin is not None and browser.stdout is not None
+    browser.stdin.write(job_id + "\n")
+    browser.stdin.flush()
+    answer = browser.stdout.readline().strip()
+    browser.wait(max(1, until - time.monotonic()))
+    check(
+        answer.startswith("seen"),
+        f"the open page did not show the job started by curl, without a reload: {answer!r}",
+    )
 
 
 def check_idempotency(base: str, token: str) -> None:

@@ -1,8 +1,12 @@
 """Options the bus's long-running commands share, written once."""
 
+import logging
+import os
+
 from django.core.management.base import CommandError
 
 from eventbus import metrics
+from eventbus.consolelog import ensure_console
 from eventbus.durability import check_durability
 from eventbus.jobtypes import UnknownDomain
 from eventbus.redis import get_redis
@@ -33,11 +37,14 @@ def domain_list(value: str | None) -> list[str] | None:
 
 
 def run_worker(build, *, metrics_port: int | None, metrics_addr: str = metrics.LOOPBACK) -> int:
-    """Build the worker (an unknown domain is the command's error), serve metrics, run it."""
+    """Build the worker (an unknown domain is the command's error), serve metrics, run it; its
+    start and progress are logged to stderr even without the project's LOGGING."""
+    ensure_console()
     try:
         worker = build()
     except UnknownDomain as exc:
         raise CommandError(str(exc)) from None
     check_durability(get_redis(), process=worker.name)
     metrics.serve(metrics_port, metrics_addr)
+    logging.getLogger("eventbus").info("%s: running (pid %d)", worker.name, os.getpid())
     return worker.run()

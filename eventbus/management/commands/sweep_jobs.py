@@ -2,6 +2,7 @@
 
 from django.core.management.base import BaseCommand
 
+from eventbus.consolelog import ensure_console
 from eventbus.sweep import Sweeper
 
 from ._options import add_loop_options
@@ -28,6 +29,7 @@ class Command(BaseCommand):
     def handle(self, *args, burst, interval, older_than, metrics_port, metrics_addr, **options):
         from eventbus import metrics
 
+        ensure_console()
         metrics.serve(metrics_port, metrics_addr)
         enqueued = Sweeper(interval=interval, older_than_seconds=older_than, burst=burst).run()
         self.stdout.write(f"Enqueued {enqueued} job(s).")
