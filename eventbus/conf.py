@@ -54,6 +54,14 @@ DEFAULTS: dict[str, object] = {
     "MAX_RUNNING_JOBS_PER_USER": 20,
     # The Retry-After (seconds) of that 429: about how long a job of yours takes to end.
     "MAX_RUNNING_JOBS_RETRY_AFTER": 30,
+    # The largest payload a job may have: bytes of its compact JSON (UTF-8), checked by
+    # start_job (InvalidPayload; the jobs API answers 400). None: no limit.
+    "MAX_PAYLOAD_BYTES": 64 * 1024,
+    # Jobs one user may start (retries included) per JOBS_CREATED_PERIOD seconds, counted from
+    # the database (eventbus.limits.check_creation_cap): the jobs API answers one more with a
+    # 429 problem and Retry-After. A replay of a key is never refused. None: no limit.
+    "MAX_JOBS_CREATED_PER_USER": 1000,
+    "JOBS_CREATED_PERIOD": 3600,
     # The demo jobs' simulated work per stage, seconds (config.jobs).
     "STAGE_SECONDS": 0.2,
 }

@@ -1,7 +1,7 @@
 """The README and the documentation site's pages, read as files (no server, no Sphinx build: `make
 docs` builds the site, with warnings as errors): the README stays short, every relative link
 leads to a file that exists, and every block of the tutorial is one the smoke test runs
-(`make smoke`, tests/smoke/smoke.py)."""
+(`make smoke`, tests/smoke/smoke.py); the other pages' blocks, by tests/docs/."""
 
 from __future__ import annotations
 
@@ -80,5 +80,26 @@ def test_every_block_of_the_tutorial_is_tagged_for_the_smoke_test():
     # The tags the smoke test knows (tests/smoke/smoke.py runs each).
     tags = re.findall(r"<!-- smoke: ([^>]+?) -->", text)
     kinds = {tag.split()[0] for tag in tags}
-    assert kinds <= {"install", "write", "append", "sh", "run"}, kinds
+    assert kinds <= {"install", "write", "append", "sh", "run", "output"}, kinds
     assert tags.count("install") == 1 and "run development" in tags and "run production" in tags
+
+
+def test_the_tutorials_redis_keeps_clear_of_one_on_6379_and_of_the_project():
+    """Debian's redis-server package runs a Redis on 6379: the tutorial's own runs on the port
+    its settings' REDIS_URL names, with its files in a folder outside the project."""
+    text = (DOCS / "tutorial.md").read_text()
+    (default,) = re.findall(r'os\.environ\.get\("REDIS_URL", "redis://127\.0\.0\.1:(\d+)/0"\)', text)
+    (line,) = [line for line in text.splitlines() if line.startswith("redis-server ")]
+    assert default != "6379" and f"--port {default} " in line, line
+    folder = re.search(r"--dir (\S+)", line)
+    assert folder and folder.group(1).startswith("~/"), (
+        f"the tutorial's Redis writes into the project: {line}"
+    )
+    assert "--appendonly yes" in line
+
+
+def test_the_tutorial_runs_the_sweeper_and_kills_a_worker():
+    """Recovery needs sweep_jobs: the tutorial's one command starts it, and a step kills the worker."""
+    text = (DOCS / "tutorial.md").read_text()
+    assert "python manage.py run_jobs" in text
+    assert "<!-- smoke: sh crash -->\n```sh\nkill -9 " in text

@@ -1,8 +1,9 @@
 """`make run` as a new user meets it: `python -m config.stack` started for real in a directory of its
 own (RUN_DIR, a SQLite file, its private Redis, a free WEB_PORT). The token it prints works with
 the documented curl as written (the jobs API's page, docs/reference/http-api.md, and the README's
-quick start); /metrics shows every process's metrics; Ctrl-C, sent to the process group as a
-terminal sends it, stops everything cleanly, the private Redis last.
+quick start), and so do the page's cancel and retry curls; /metrics shows every process's
+metrics; Ctrl-C, sent to the process group as a terminal sends it, stops everything cleanly, the
+private Redis last.
 
 Also /metrics against metrics files written by another process (a router), the multiprocess mode
 the stack runs in."""
@@ -132,7 +133,8 @@ class Stack:
         return subprocess.run(
             [sys.executable, "manage.py", *args],
             cwd=BASE_DIR,
-            env={**self.env, **env},
+            # As a developer runs it: manage.py chooses no settings (config.entrypoints).
+            env={**self.env, "DJANGO_SETTINGS_MODULE": "config.settings.dev", **env},
             capture_output=True,
             text=True,
             timeout=60,
@@ -210,14 +212,24 @@ def start_job(stack, token: str) -> dict:
     return json.loads(urllib.request.urlopen(request, timeout=10).read())
 
 
+# The documentation's blocks tagged `<!-- run: sh-stack NAME -->` (tests/docs/blocks.py), by NAME:
+# the test that runs them here.
+STACK_BLOCKS = {"quick-start": "test_the_readme_token_and_curl_work_as_written"}
+
+
+def stack_block(name: str) -> str:
+    """The one text of the blocks tagged `sh-stack <name>`, on every page that shows it."""
+    from tests.docs.blocks import all_blocks
+
+    texts = {block.body for block in all_blocks() if block.kind == "sh-stack" and block.args == [name]}
+    assert len(texts) == 1, f"the pages' sh-stack {name} blocks differ (or there is none): {texts}"
+    return texts.pop()
+
+
 def readme_example(stack) -> str:
-    """The shell block of the jobs API's page (docs/reference/http-api.md), as written, for this
-    stack's port; the README's quick start shows the same block."""
-    page = (BASE_DIR / "docs" / "reference" / "http-api.md").read_text()
-    block = found(r"```sh\n(.*?)```", page, re.S)
-    assert block in (BASE_DIR / "README.md").read_text(), (
-        "the README's quick start differs from the jobs API's page"
-    )
+    """The quick start's shell block (the README's and the jobs API's page's,
+    docs/reference/http-api.md), as written, for this stack's port."""
+    block = stack_block("quick-start")
     block = block.replace(".venv/bin/python", sys.executable)  # the virtualenv this test runs in
     return block.replace("127.0.0.1:8000", f"127.0.0.1:{stack.port}")
 
@@ -272,7 +284,9 @@ def test_the_banners_commands_work_and_it_shows_no_password(stack):
         redis.Redis(port=stack.redis_port(), socket_connect_timeout=2).ping()
     with redis.Redis.from_url(stack.redis_url(), socket_connect_timeout=2) as client:
         assert client.ping()
-    assert found(r"Admin: .*\((\S+) manage\.py createsuperuser", log).endswith("python")
+    assert found(
+        r"Admin: .*DJANGO_SETTINGS_MODULE=config\.settings\.dev (\S+) manage\.py createsuperuser", log
+    ).endswith("python")
     post = found(r"API: +(curl -X POST .*)$", log, re.M).replace("127.0.0.1:8000", f"127.0.0.1:{stack.port}")
     done = subprocess.run(["bash", "-ec", post + " -sS -i"], capture_output=True, text=True, timeout=60)
     head, body = done.stdout.split("\n\n", 1)
@@ -334,6 +348,46 @@ def test_metrics_show_every_process(stack):
     )
     assert published >= 5 and applied >= 5 and misses >= 1
     assert ended >= 1 and posts >= 1 and stages >= 2  # the documented curl's test may have started a job too
+
+
+@pytest.mark.stack
+def test_the_cancel_and_retry_examples_work_as_written(stack):
+    """The jobs API page's cancel and retry curls (tagged `curl`: tests/docs/ sends them through
+    the test client too), run as written in a shell, with $TOKEN and $JOB set as the page says:
+    a job cancelled, retried, and a second retry under another key refused with its retry named."""
+    from tests.docs.blocks import blocks_of
+
+    cancel, retry, again = [
+        block for block in blocks_of(BASE_DIR / "docs" / "reference" / "http-api.md") if block.kind == "curl"
+    ]
+    token = drf_token(stack)
+    job_id = start_job(stack, token)["job_id"]
+
+    def run(block) -> tuple[int, dict]:
+        script = block.body.rstrip().replace("127.0.0.1:8000", f"127.0.0.1:{stack.port}") + " -sS -i"
+        done = subprocess.run(
+            ["bash", "-ec", script],
+            env={**stack.env, "TOKEN": token, "JOB": job_id},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, (script, done.stdout, done.stderr)
+        head, body = done.stdout.split("\n\n", 1)
+        return int(head.split()[1]), json.loads(body)
+
+    status, cancelled = run(cancel)
+    assert status == 202 and cancelled["job_id"] == job_id, cancelled
+    wait_for(
+        lambda: api(stack, f"/api/jobs/{job_id}/", token)["state"] == "CANCELLED",
+        timeout=30,
+        interval=0.2,
+        message="the job to end CANCELLED",
+    )
+    status, new = run(retry)
+    assert status == 201 and new["retry_of"] == job_id, new
+    status, refused = run(again)
+    assert status == 409 and refused["retried_by"] == new["job_id"], refused
 
 
 @pytest.mark.stack

@@ -256,3 +256,52 @@ def test_a_method_the_view_has_not_is_a_405_whatever_its_key(api_client):
         assert response.status_code == 405, response.content
         assert response["Content-Type"] == "application/problem+json"
     assert not IdempotencyRecord.objects.filter(key="fresh").exists()
+
+
+# What one user may store (eventbus.limits) ------------------------------------------------------
+
+
+def test_a_payload_over_the_size_limit_is_400_naming_it_and_the_key_is_free_again(api_client, settings):
+    settings.EVENTBUS = {**settings.EVENTBUS, "MAX_PAYLOAD_BYTES": 1000}
+    big = create(api_client, key="big", body={"domain": "scan", "payload": {"image": "x" * 1000}})
+    problem = assert_problem_400(big)
+    assert "the limit is 1000 bytes" in str(problem["errors"]["payload"])
+    assert not Job.objects.exists()
+    assert create(api_client, key="big").status_code == 201
+
+
+def test_jobs_started_past_the_period_cap_are_429_with_retry_after_replays_answer(api_client, settings):
+    settings.EVENTBUS = {**settings.EVENTBUS, "MAX_JOBS_CREATED_PER_USER": 2, "JOBS_CREATED_PERIOD": 600}
+    assert create(api_client, key="one").status_code == 201
+    assert create(api_client, key="two").status_code == 201
+    refused = create(api_client, key="three")
+    assert refused.status_code == 429 and refused["Content-Type"] == "application/problem+json"
+    body = refused.json()
+    assert (
+        body["type"] == "urn:problem:job-creation-limit-reached" and "at most 2 per 600 s" in body["detail"]
+    )
+    assert 1 <= int(refused["Retry-After"]) <= 600
+    assert create(api_client, key="one").status_code == 201  # a replay
+    # A retry is a job started too.
+    Job.objects.filter(idem_key="one").update(state=Job.State.FAILED)
+    one = Job.objects.get(idem_key="one")
+    retry = api_client.post(f"/api/jobs/{one.id}/retry/", HTTP_IDEMPOTENCY_KEY="retry-one")
+    assert retry.status_code == 429 and retry["Retry-After"]
+    assert Job.objects.count() == 2
+
+
+def test_a_second_retry_is_a_409_problem_naming_the_first(api_client, user):
+    failed = Job.objects.create(
+        scope=f"-:{user.pk}",
+        idem_key="f",
+        domain="scan",
+        event_type="job.requested",
+        owner=user,
+        state="FAILED",
+    )
+    first = api_client.post(f"/api/jobs/{failed.id}/retry/", HTTP_IDEMPOTENCY_KEY="r-1")
+    assert first.status_code == 201
+    second = api_client.post(f"/api/jobs/{failed.id}/retry/", HTTP_IDEMPOTENCY_KEY="r-2")
+    assert second.status_code == 409 and second["Content-Type"] == "application/problem+json"
+    assert second.json()["retried_by"] == first.json()["job_id"]
+    assert api_client.get(f"/api/jobs/{failed.id}/").json()["retried_by"] == first.json()["job_id"]
