@@ -2,11 +2,10 @@
 
 import json
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import pytest
-from django.db import close_old_connections, connection
+from django.db import connection
 from django.test import Client
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
@@ -15,26 +14,12 @@ from eventbus.models import Job
 from idempotency.models import IdempotencyRecord
 from idempotency.services import accept_once
 from tests.processes import wait_for
+from tests.threads import in_threads
 
 from . import views
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.urls("tests.idempotency.urls")]
 THREADS = 50
-
-
-def in_threads(n, fn):
-    barrier = threading.Barrier(n)
-
-    def run(i):
-        try:
-            barrier.wait()
-            return fn(i)
-        finally:
-            close_old_connections()
-            connection.close()
-
-    with ThreadPoolExecutor(n) as pool:
-        return list(pool.map(run, range(n)))
 
 
 def test_50_threads_post_one_key_one_execution(user):

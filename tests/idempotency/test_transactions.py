@@ -5,11 +5,10 @@ and the check idempotency.W002 that asks such a project for IMMEDIATE transactio
 on the suite's file database; on PostgreSQL the same tests show nothing changes there."""
 
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import pytest
-from django.db import close_old_connections, connection, transaction
+from django.db import connection, transaction
 from django.db.utils import ConnectionHandler
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -19,6 +18,7 @@ from rest_framework.test import APIClient
 from eventbus.models import Job
 from idempotency.checks import check_sqlite_transaction_mode, deferred_sqlite_warnings
 from idempotency.transactions import defers_write_lock, write_transaction
+from tests.threads import in_threads
 
 USERS, REQUESTS_EACH = 4, 5
 
@@ -35,21 +35,6 @@ def deferred_transactions(monkeypatch):
     monkeypatch.setitem(connection.settings_dict, "OPTIONS", {})
     yield
     connection.close()  # the next test's connection has the suite's OPTIONS again
-
-
-def in_threads(n, fn):
-    barrier = threading.Barrier(n)
-
-    def run(i):
-        try:
-            barrier.wait()
-            return fn(i)
-        finally:
-            close_old_connections()
-            connection.close()
-
-    with ThreadPoolExecutor(n) as pool:
-        return list(pool.map(run, range(n)))
 
 
 @pytest.mark.django_db(transaction=True)
