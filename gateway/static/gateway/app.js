@@ -420,12 +420,13 @@ function logLine(state, text, className) {
 }
 
 function setBar(state, percent) {
-  // An ended job's bar is full (its final event says 100): the job is over. Only a completed
-  // one says "100 %"; the others say how they ended, their colour too (app.css), and their
-  // chips say where they stopped.
-  const ended = ENDED.includes(state.jobState);
+  // A job that ended without completing has a full bar: it is over. It says how it ended, in
+  // its colour too (app.css), and its chips say where it stopped. A completed job's bar follows
+  // its events, whose final one says 100: events backfilled after the page learned that the job
+  // completed (a reconnect, the list's poll) each still show their own progress.
+  const ended = ENDED.includes(state.jobState) && state.jobState !== "COMPLETED";
   const value = ended ? 100 : percent;
-  const text = ended && state.jobState !== "COMPLETED" ? STATE_WORDS[state.jobState] : `${Math.round(value)} %`;
+  const text = ended ? STATE_WORDS[state.jobState] : `${Math.round(value)} %`;
   state.progress = value;
   const bar = state.card.querySelector("progress");
   bar.value = value;
@@ -436,7 +437,8 @@ function setBar(state, percent) {
 
 function endBar(state, jobState) {
   state.card.querySelector(".bar").classList.add("ended", jobState.toLowerCase().replace("_", "-"));
-  setBar(state, 100);
+  // A completed job's own final event fills its bar (setBar).
+  if (jobState !== "COMPLETED") setBar(state, 100);
 }
 
 function showProgress(state, stage, data) {
