@@ -98,7 +98,7 @@ chaos: setup
 	$(PY) -m tests.e2e.chaos $(CHAOS_ARGS)
 
 # The toolkit installed from its wheel into a new startproject project outside the checkout,
-# run end to end (tests/smoke/run_smoke.sh; SPEC §10).
+# run end to end (tests/smoke/run_smoke.sh; docs/reference/versions.md).
 .PHONY: smoke
 smoke: setup
 	PYTHON=$(PY) bash tests/smoke/run_smoke.sh

@@ -1,4 +1,4 @@
-"""The version matrix (SPEC §10; docs/reference/versions.md says which legs passed).
+"""The version matrix (docs/reference/versions.md says which legs passed).
 
 Every leg runs the whole suite in a virtualenv of its own (`.nox/`), with the toolkit's declared
 dependencies as pip resolves them for that leg and the test tools of requirements-test.txt:
@@ -31,7 +31,7 @@ nox.options.reuse_existing_virtualenvs = True
 nox.options.error_on_missing_interpreters = True  # a leg that cannot run fails, never skips
 nox.options.sessions = ["tests", "oldest", "public", "smoke"]
 
-# Django 6 needs Python >= 3.12 (SPEC §10).
+# Django 6 needs Python >= 3.12 (docs/reference/versions.md).
 LEGS = [
     ("3.11", "5.2"),
     ("3.12", "5.2"),

@@ -194,7 +194,7 @@ def main() -> None:
     def rate(value):
         return f"{value:,.0f}" if value else "skipped"
 
-    # SPEC §9's targets (raised in issue 11): a ratio to redis-benchmark, or events/s.
+    # The targets (the README's Measured table; raised in issue 11): a ratio to redis-benchmark, or events/s.
     single_ratio = ratio(single, rb_single or 0.0)
     batched_ratio = ratio(batched, rb_batched or 0.0)
     rows = [

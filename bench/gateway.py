@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Gateway benchmark (SPEC §9): a script, never a test.
+"""Gateway benchmark (the README's Measured table): a script, never a test.
 
 One run starts a private Redis, a database of its own (a SQLite file; on the PostgreSQL server
 of DATABASE_URL when that is PostgreSQL), migrates it, creates a user with a session and
@@ -17,7 +17,7 @@ of DATABASE_URL when that is PostgreSQL), migrates it, creates a user with a ses
    counted). A tap (a pattern subscription of this process on the job channels) times the
    router's PUBLISH too, which splits the latency into eventbus (publish -> PUBLISH) and
    gateway (PUBLISH -> frame). --runs runs, each on fresh sockets and jobs.
-3. A table of PASS/MISS per SPEC target. When the latency target is missed (or --profile
+3. A table of PASS/MISS per target. When the latency target is missed (or --profile
    always), one more run, not counted, with py-spy on the server and on the router; its hottest
    frames go to the report.
 
@@ -65,7 +65,7 @@ DOMAIN = "scan"
 STAGE = "bench"
 CHANNEL_PATTERN = "*:channel:*"
 
-# SPEC §9 targets
+# The targets (the README's Measured table)
 TARGET_SOCKETS = 10000  # held by one process
 TARGET_P99_MS = 10.0  # publish -> frame p99 at TARGET_RATE events/s with TARGET_LATENCY_SOCKETS
 TARGET_RATE = 1000
@@ -1136,7 +1136,7 @@ def render(results: dict, args, info: dict) -> str:
         f"{info['load_start']:.2f} at the start, {info['load_end']:.2f} at the end; duration "
         f"{info['seconds']:.0f} s.",
         "",
-        *markdown_table(("SPEC §9 target", "measured", "target", "verdict"), "llll", rows),
+        *markdown_table(("target", "measured", "target", "verdict"), "llll", rows),
     ]
     s = results.get("sockets")
     if s:
@@ -1284,7 +1284,7 @@ def profile_table(name: str, prof: dict, seconds: float) -> list[str]:
 
 
 def write_report(text: str) -> None:
-    write_section(REPORT, text, BEGIN, END, "# Gateway benchmark (SPEC §9)\n\n## Results")
+    write_section(REPORT, text, BEGIN, END, "# Gateway benchmark\n\n## Results")
 
 
 def raise_fd_limit(needed: int) -> int:

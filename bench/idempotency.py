@@ -1,9 +1,9 @@
 #!/usr/bin/env python
-"""Benchmark of the Idempotency-Key layer (SPEC §9): a script, never a test.
+"""Benchmark of the Idempotency-Key layer (the README's Measured table): a script, never a test.
 
 One run, one server. It starts a private Redis, creates a database of its own (on the
 PostgreSQL server of DATABASE_URL, or postgres://postgres@127.0.0.1:5432/test when that
-answers; else a SQLite file, with a warning: the SPEC target is for PostgreSQL), migrates it,
+answers; else a SQLite file, with a warning: the target is for PostgreSQL), migrates it,
 creates a user and a DRF token, starts one gunicorn server (gthread workers; `--server daphne`
 for the project's ASGI server) with bench/settings.py, and drives the jobs create
 (validate, accept a Job, 201) through keep-alive connections:
@@ -20,7 +20,7 @@ for the project's ASGI server) with bench/settings.py, and drives the jobs creat
 Scenarios are warmed up once, then measured for --rounds rounds in a rotating order; the
 table gives the medians. Requests/s counts only the expected answers (201; a replay must
 also carry Idempotent-Replayed: true where the layer sends it); anything else is an error.
-It prints the SPEC §9 checks as PASS/MISS, writes the results section of
+It prints the targets' checks as PASS/MISS, writes the results section of
 bench/REPORT-idempotency.md and the raw figures to bench/results/.
 
     .venv/bin/python bench/idempotency.py [--duration 6] [--rounds 3] [--connections 16]
@@ -379,7 +379,7 @@ def render(summary, check_rows, meta) -> str:
         "",
         *markdown_table(
             (
-                "SPEC §9 target (ratio: median over rounds of the ratio within a round)",
+                "target (ratio: median over rounds of the ratio within a round)",
                 "ratio",
                 "target",
                 "result",
@@ -461,7 +461,7 @@ def main() -> int:
 
     db = BenchDatabase(f"bench_idem_{os.getpid()}", default_server=DEFAULT_PG)
     if db.warning:
-        print(f"WARNING: {db.warning}. The SPEC §9 targets are for PostgreSQL.", file=sys.stderr)
+        print(f"WARNING: {db.warning}. The targets are for PostgreSQL.", file=sys.stderr)
     redis_server = server = None
     tmp = tempfile.TemporaryDirectory(prefix="bench-idem-")
     previous = {sig: signal.signal(sig, interrupted) for sig in (signal.SIGTERM,)}

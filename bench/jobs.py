@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Jobs end to end, the headline benchmark (SPEC §9): a script, never a test.
+"""Jobs end to end, the headline benchmark (the README's Measured table): a script, never a test.
 
     make bench-jobs BENCH_JOBS_ARGS="--jobs 300 --concurrency 16 --rounds 3"
     .venv/bin/python bench/jobs.py [--jobs 300] [--concurrency 16] [--rounds 3] [--workers 2]
@@ -88,7 +88,7 @@ RESULTS_DIR = ROOT / "bench" / "results"
 DEFAULT_PG = "postgres://postgres@127.0.0.1:5432/postgres"
 SYSTEMS = ("ours", "channels", "dbos")
 NAMES = {"ours": "ours", "channels": "Celery + Channels", "dbos": "DBOS Transact"}
-# SPEC §9: ours' jobs/s over each baseline's.
+# The targets: ours' jobs/s over each baseline's.
 TARGETS = {"channels": 0.7, "dbos": 1.0}
 
 
@@ -881,7 +881,7 @@ def render(summary: dict, probes: dict, args, info: dict) -> tuple[str, list[tup
         "DB writes / stage",
     )
     lines = markdown_table(header, "lrlrlrrrrrr", rows)
-    # SPEC §9: database writes per finished stage <= 1, counted as tests/eventbus/test_stage_writes.py
+    # The target: database writes per finished stage <= 1, counted as tests/eventbus/test_stage_writes.py
     # counts them: the stage records' write statements, less the one per job that starts its first
     # stage, per stage run (the job's own row and its idempotency record are the job's, not a stage's).
     o = summary["ours"]
@@ -934,7 +934,7 @@ def report(text: str, summary: dict, probes: dict, descriptions: dict, args, inf
             f"- {NAMES[name]}: {parts}; PostgreSQL {summary[name]['cpu_postgres_ms']:.1f}; "
             f"the clients (this process) {summary[name]['cpu_client_ms']:.1f}"
         )
-    return f"""# Jobs end to end (SPEC §9, the headline)
+    return f"""# Jobs end to end (the headline)
 
 Command: `{info["command"]}` ({info["when"]}; {info["seconds"]:.0f} s)
 
@@ -1062,7 +1062,7 @@ def main() -> int:
         return 2
     database = BenchDatabase("bench_jobs", default_server=DEFAULT_PG)
     if database.vendor != "postgresql":
-        print(f"bench/jobs.py needs PostgreSQL (DBOS and the SPEC): {database.warning}", file=sys.stderr)
+        print(f"bench/jobs.py needs PostgreSQL (DBOS and the targets): {database.warning}", file=sys.stderr)
         return 2
 
     started = time.time()

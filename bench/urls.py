@@ -1,5 +1,5 @@
 """URLs of the idempotency benchmark: the jobs create under each idempotency layer, the
-typical create view SPEC §9 names (a serializer, two reads: the key's job and the owner's
+typical create view the targets name (a serializer, two reads: the key's job and the owner's
 running jobs, one insert, the Celery task enqueued on commit). Every variant runs
 gateway.api.JobListView.post itself:
 

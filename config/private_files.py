@@ -1,6 +1,6 @@
 """Files that hold secrets (the demo password, the private Redis's config with its password) and
 the folders they live in (RUN_DIR, RUN_DIR/redis): readable by their owner only from the first
-byte on (SPEC §15), never written and chmodded after.
+byte on, never written and chmodded after.
 """
 
 from __future__ import annotations

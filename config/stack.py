@@ -81,7 +81,7 @@ def main() -> int:
 
 def banner(host: str, token: str, redis_url: str, server: RedisServer | None) -> str:
     """Where to look, with commands that work as printed (the virtualenv's python, a POST that
-    starts a job: /api/jobs/ answers GET with 405); the Redis password masked (SPEC §15)."""
+    starts a job: /api/jobs/ answers GET with 405); the Redis password masked."""
     python = Path(sys.executable)
     if python.is_relative_to(Path.cwd()):
         python = python.relative_to(Path.cwd())

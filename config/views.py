@@ -1,4 +1,4 @@
-"""/metrics: Prometheus exposition of the whole stack's metrics, not public (SPEC §15).
+"""/metrics: Prometheus exposition of the whole stack's metrics, not public (docs/reference/metrics.md).
 
 With settings.METRICS_TOKEN set (env METRICS_TOKEN), a scrape must carry it as a bearer token
 (`Authorization: Bearer <token>`, Prometheus's `authorization` scrape option), from anywhere.

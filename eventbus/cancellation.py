@@ -21,8 +21,7 @@ logger = logging.getLogger(__name__)
 
 
 def flag_key(job: Job) -> str:
-    job_id = str(job.id)
-    return f"{JobKeys(job.domain, job_id).tag}:cancel:{job_id}"
+    return JobKeys(job.domain, str(job.id)).cancel_flag
 
 
 def set_flag(job: Job) -> None:

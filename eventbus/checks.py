@@ -1,4 +1,4 @@
-"""System checks: the TTLs of the bus must outlive the retries they guard (SPEC §5).
+"""System checks: the TTLs of the bus must outlive the retries they guard (docs/reference/settings.md, EVENTBUS).
 
 A dedup key that expires while a copy of its event can still come (a reclaim, a Celery
 redelivery after the visibility timeout) lets the copy through: exactly-once is lost.
@@ -128,6 +128,15 @@ def check_ttls(app_configs=None, **kwargs):
                 id="eventbus.E005",
             )
         )
+    lease = s.RUN_LEASE_SECONDS
+    if isinstance(lease, bool) or not isinstance(lease, int | float) or not lease > 0:
+        errors.append(
+            Error(
+                f"EVENTBUS['RUN_LEASE_SECONDS'] is a number of seconds > 0, not {lease!r}.",
+                hint="A job's run lease (one run of the job at a time) must expire to be renewed.",
+                id="eventbus.E011",
+            )
+        )
     return errors
 
 
@@ -139,7 +148,7 @@ CLUSTER_REDIS_PY = (8, 0)
 @register()
 def check_cluster_client(app_configs=None, **kwargs):
     """EVENTBUS['CLUSTER'] with a redis-py too old for the gateway's sharded pub/sub."""
-    from idempotency.adapters import installed
+    from exactly_once.internals import installed
 
     release = installed("redis")
     if not eventbus_settings.CLUSTER or release is None or release >= CLUSTER_REDIS_PY:

@@ -1,6 +1,6 @@
-"""EVENTBUS settings, read through one accessor (see idempotency.conf.AppSettings)."""
+"""EVENTBUS settings, read through one accessor (see exactly_once.conf.AppSettings)."""
 
-from idempotency.conf import AppSettings
+from exactly_once.conf import AppSettings
 
 DEFAULTS: dict[str, object] = {
     # Job types (eventbus.jobtypes.JobType subclasses) by dotted path, besides those registered
@@ -62,6 +62,10 @@ DEFAULTS: dict[str, object] = {
     # 429 problem and Retry-After. A replay of a key is never refused. None: no limit.
     "MAX_JOBS_CREATED_PER_USER": 1000,
     "JOBS_CREATED_PERIOD": 3600,
+    # Seconds a job's run lease (one run of a job at a time, eventbus.runs) lasts unless renewed:
+    # how long a job whose worker died waits before another run may take it over. Its run renews
+    # it after every event and every third of it while a stage runs.
+    "RUN_LEASE_SECONDS": 5,
     # The demo jobs' simulated work per stage, seconds (config.jobs).
     "STAGE_SECONDS": 0.2,
 }

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from . import metrics
 from .conf import eventbus_settings
 from .entries import MalformedEntry, RoutedEvent, parse_entry
-from .jobtypes import UnknownDomain, shard_count
+from .jobtypes import UnknownJobType, shard_count
 from .jobtypes import domains as all_domains
 from .keys import dead_letter_key, stream_key
 from .redis import publish_command
@@ -48,13 +48,13 @@ def streams_for(domains: Iterable[str] | None = None) -> list[Stream]:
     streams: list[Stream] = []
     for name in list(domains) if domains else all_domains():
         domain, colon, shard = str(name).partition(":")
-        count = shard_count(domain)  # UnknownDomain
+        count = shard_count(domain)  # UnknownJobType
         if not colon:
             streams.extend(Stream(domain, n) for n in range(count))
         elif shard.isdigit() and int(shard) < count:
             streams.append(Stream(domain, int(shard)))
         else:
-            raise UnknownDomain(f"No shard {name!r}: domain {domain!r} has shards 0-{count - 1}")
+            raise UnknownJobType(f"No shard {name!r}: domain {domain!r} has shards 0-{count - 1}")
     return list(dict.fromkeys(streams))
 
 

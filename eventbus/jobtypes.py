@@ -4,7 +4,7 @@
 
     @register
     class Transcode(JobType):
-        name = "transcode"                      # the domain: its streams, its jobs API value
+        name = "transcode"                      # `domain` on the wire: its streams, the jobs API's value
         stages = (
             Stage("fetch", "Fetching the file"),
             Stage("encode", "Encoding"),
@@ -99,12 +99,17 @@ class JobCancelled(Exception):
     calls `ctx.check()`. The job ends CANCELLED; a stage may catch it to clean up first."""
 
 
-class UnknownJobType(LookupError):
-    pass
+class UnknownJobType(LookupError, ValueError):
+    """No registered job type of that name (job_type()), or a name with no streams at all:
+    neither a registered job type's nor one in EVENTBUS["DOMAINS"] (shard_count(), whose
+    message says "Unknown domain": the bus's word for a name on the wire, see JobType.name).
+    A LookupError, and a ValueError as the bus's former UnknownDomain was."""
 
 
-class UnknownDomain(ValueError):
-    """Neither a registered job type's name nor a name in EVENTBUS["DOMAINS"]."""
+# The bus's former name for the error of a name with no streams, one class with UnknownJobType
+# now: kept so that `from eventbus.jobtypes import UnknownDomain` (CHANGELOG, 0.1's move from
+# eventbus.keys) keeps working. New code says UnknownJobType.
+UnknownDomain = UnknownJobType
 
 
 # Never retried, whatever a stage's retry_on says: the stage itself chose to end the job.
@@ -316,7 +321,7 @@ _shard_counts: dict[str, int] = {}
 
 
 def shard_count(domain: str) -> int:
-    """How many shard streams the domain has; UnknownDomain for a name that is no domain."""
+    """How many shard streams the domain has; UnknownJobType for a name that is no domain."""
     try:
         return _shard_counts[domain]
     except (KeyError, TypeError):  # TypeError: not even a possible name (unhashable)
@@ -325,7 +330,7 @@ def shard_count(domain: str) -> int:
         configured = eventbus_settings.DOMAINS.get(domain)
         count = int(configured if configured is not None else registry()[domain].shards)
     except (KeyError, TypeError):
-        raise UnknownDomain(f"Unknown domain {domain!r}; configured: {sorted(domains())}") from None
+        raise UnknownJobType(f"Unknown domain {domain!r}; configured: {sorted(domains())}") from None
     _shard_counts[domain] = count
     return count
 

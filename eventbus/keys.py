@@ -1,8 +1,9 @@
-"""Redis key layout. Every key of one job carries the hash tag {<domain>:<shard>}, so all
-keys a script touches share one Redis Cluster slot.
+"""Redis key layout: every key of the bus is named here, and nowhere else (the design page
+"The Redis key layout", docs/design/keys.md, lists them). Every key of one job carries the hash
+tag {<domain>:<shard>}, so all keys a script touches share one Redis Cluster slot.
 
 Which domains exist and how many shards each has is the registry's (eventbus.jobtypes:
-`domains()`, `shard_count()`, UnknownDomain); this module only names the keys.
+`domains()`, `shard_count()`, UnknownJobType); this module only names the keys.
 """
 
 from __future__ import annotations
@@ -66,6 +67,16 @@ class JobKeys:
 
     def router_published(self, seq: int) -> str:
         return f"{self.tag}:router:published:{self.job_id}:{seq}"
+
+    @property
+    def run_lease(self) -> str:
+        """The job's run lease: one run of the job at a time (eventbus.runs.RunLease)."""
+        return f"{self.tag}:run-lease:{self.job_id}"
+
+    @property
+    def cancel_flag(self) -> str:
+        """The flag a cancel sets for the job's running stage (eventbus.cancellation)."""
+        return f"{self.tag}:cancel:{self.job_id}"
 
 
 def stream_key(domain: str, shard: int) -> str:

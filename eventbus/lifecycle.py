@@ -34,10 +34,6 @@ def get(job_id: str) -> Job | None:
     return Job.objects.filter(pk=job_id).first()
 
 
-def is_final(job: Job) -> bool:
-    return job.state in Job.FINAL_STATES
-
-
 def refresh_state(job: Job) -> str:
     job.refresh_from_db(fields=["state"])
     return job.state
@@ -50,12 +46,13 @@ def start(job: Job) -> bool:
         job.state = State.RUNNING
         _count(metrics.job_started, job.domain, job.accepted_at, timezone.now())
         return True
-    return not is_final_now(job)
+    return not ended_now(job)
 
 
-def is_final_now(job: Job) -> bool:
+def ended_now(job: Job) -> bool:
+    """Whether the job has ended (Job.ended), its state read again first."""
     refresh_state(job)
-    return is_final(job)
+    return job.ended
 
 
 def cancel_pending(job: Job) -> bool:

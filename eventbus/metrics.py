@@ -211,7 +211,7 @@ JOBS_IN_FLIGHT = JobsInFlight()
 
 def serve(port: int | None, addr: str = LOOPBACK):
     """Expose the default registry on this port (commands' --metrics-port) of `addr`, this machine
-    only unless --metrics-addr says otherwise (SPEC §15); None: do nothing. The HTTP server, or None.
+    only unless --metrics-addr says otherwise (docs/reference/metrics.md); None: do nothing. The HTTP server, or None.
     In multiprocess mode too it holds this process's own values: the port answers for this process."""
     if not port:
         return None

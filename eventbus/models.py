@@ -39,6 +39,9 @@ class Job(models.Model):
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE, related_name="jobs"
     )
+    # The job's type (JobType.name, registered in eventbus.jobtypes). "Job type" is the term in
+    # the code; the wire keeps `domain`: this column, the jobs API's field, events' fields and
+    # Redis key texts (its streams' {domain:shard} tag), which stored data and clients depend on.
     domain = models.CharField(max_length=32)
     event_type = models.CharField(max_length=64)
     biz_key = models.CharField(max_length=255, blank=True)
@@ -74,6 +77,7 @@ class Job(models.Model):
 
     @property
     def ended(self) -> bool:
+        """In one of FINAL_STATES, never left: the one test of a job's end, wherever it is asked."""
         return self.state in self.FINAL_STATES
 
 

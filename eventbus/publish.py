@@ -27,7 +27,7 @@ from redis.exceptions import ResponseError
 from . import metrics
 from .conf import eventbus_settings
 from .entries import MAX_SEQ, encode_data, event_head
-from .jobtypes import UnknownDomain
+from .jobtypes import UnknownJobType
 from .keys import JobKeys
 from .redis import get_redis, wait_replicas
 from .scripts import PUBLISH, CorruptKey, ScriptCall, run_pipelined  # noqa: F401 (CorruptKey, raised)
@@ -66,7 +66,7 @@ def _prepare(event: Event, previous: dict) -> tuple[ScriptCall, tuple[str, str]]
     job_id = str(job_id)
     try:
         keys = JobKeys(domain, job_id)
-    except UnknownDomain as exc:
+    except UnknownJobType as exc:
         raise InvalidEvent(str(exc)) from None
     if not job_id:
         raise InvalidEvent("job_id is empty")

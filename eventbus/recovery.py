@@ -26,8 +26,9 @@ from redis.exceptions import RedisError
 
 from . import lifecycle
 from .conf import eventbus_settings
+from .keys import JobKeys
 from .redis import get_redis
-from .runs import RunLease, time_out
+from .runs import time_out
 from .tasks import enqueue
 
 logger = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ def recover_stranded(*, limit: int = 1000) -> int:
             recovered += 1
             continue
         try:
-            if client.exists(RunLease(job, client=client).key):
+            if client.exists(JobKeys(job.domain, str(job.id)).run_lease):
                 continue  # a live run holds it: a stage that reports rarely, not a lost run
         except RedisError:
             logger.warning("Recovery: Redis unreachable; trying again next pass", exc_info=True)

@@ -1,5 +1,5 @@
 """Secrets kept out of messages: a Redis or database URL with its password masked, for every
-banner, log line and exception that shows one (SPEC §15). No import of Django or Redis here:
+banner, log line and exception that shows one. No import of Django or Redis here:
 settings modules and the demo's launcher use it too.
 
     masked_url("redis://:s3cret@127.0.0.1:6379/0")  ->  "redis://:***@127.0.0.1:6379/0"

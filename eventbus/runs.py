@@ -28,11 +28,11 @@ import redis
 from django.db import InterfaceError, OperationalError
 from redis.exceptions import LockError
 
-from . import cancellation, jobtypes, lifecycle
+from . import cancellation, jobtypes, lifecycle, stagerecords
 from .conf import eventbus_settings
-from .jobtypes import JobCancelled, JobFailed, JobType, UnknownDomain, UnknownJobType
+from .jobtypes import JobCancelled, JobFailed, JobType, UnknownJobType
 from .keys import JobKeys
-from .models import Job, StageRecord
+from .models import Job
 from .redis import get_redis
 from .stages import DeadlinePassed, RunStopped, StageRetry, failure_of, publish_final, run_stages
 
@@ -58,20 +58,18 @@ class RunLeaseLost(RunStopped):
 
 
 class RunLease:
-    """One run of a job at a time: SET NX PX with a token per run (redis-py's Lock).
+    """One run of a job at a time: SET NX PX with a token per run (redis-py's Lock), on the
+    job's `run-lease` key (eventbus.keys).
 
-    The lease only has to outlive the work between two renewals, one stage, so it is short:
-    a run whose worker died holds the job for at most `seconds` more.
+    The lease only has to outlive the work between two renewals (after every event, and every
+    third of its length while a stage runs: kept_alive), so it is short: a run whose worker died
+    holds the job for at most `seconds` more, EVENTBUS["RUN_LEASE_SECONDS"].
     """
 
-    min_seconds = 5.0
-    stage_multiple = 3
-
     def __init__(self, job: Job, *, client=None):
-        job_id = str(job.id)
         self.client = client or get_redis()
-        self.seconds = max(self.min_seconds, self.stage_multiple * eventbus_settings.STAGE_SECONDS)
-        self.key = f"{JobKeys(job.domain, job_id).tag}:run-lease:{job_id}"
+        self.seconds = float(eventbus_settings.RUN_LEASE_SECONDS)
+        self.key = JobKeys(job.domain, str(job.id)).run_lease
         self.lock = self.client.lock(self.key, timeout=self.seconds, blocking=False, thread_local=False)
 
     def acquire(self) -> bool:
@@ -130,13 +128,13 @@ def run(job_id: str, *, fail_on_transient: bool = True) -> str:
     if job is None:
         logger.warning("Job %s: no such job, nothing to run", job_id)
         return "missing"
-    if lifecycle.is_final(job):
+    if job.ended:
         logger.info("Job %s is %s already; not run again", job_id, job.state)
         return "skipped"
     try:
         job_type = jobtypes.job_type(job.domain)()
         lease = RunLease(job)
-    except (UnknownJobType, UnknownDomain) as exc:
+    except UnknownJobType as exc:
         logger.error("Job %s failed: %s", job_id, exc)
         return _conclude(job, None, State.FAILED, error=failure_of(exc))
     if not lease.acquire():
@@ -225,5 +223,5 @@ def _conclude(job: Job, job_type: JobType | None, state: str, **data) -> str:
 def _record_end(job: Job, state: str) -> str:
     if lifecycle.end(job, state) and state != State.COMPLETED:
         # A retry that waited will not come: the stage is no longer RETRYING.
-        StageRecord.objects.filter(job=job, next_attempt_at__isnull=False).update(next_attempt_at=None)
+        stagerecords.cancel_retry_waits(job)
     return state

@@ -2,7 +2,8 @@
 
 Whoever reads a job outside the event bus (the gateway's API, its WebSocket stream and the
 states it reads again after a Redis blip) reads it here: which jobs a user sees, the list, one
-job, its stage records, its latest event, its stages as a timeline. The models are imported
+job, its stage records, its latest event, its stages as a timeline, and the job's detail as a
+value (job_detail: its fields, latest event, error and stages, which the jobs API shows). The models are imported
 where they are read: the gateway's modules import this one before Django's app registry is
 ready (the ASGI application's import).
 """
@@ -11,13 +12,14 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
 from redis.exceptions import RedisError
 
-from .jobtypes import UnknownDomain
+from .jobtypes import UnknownJobType
 from .keys import JobKeys
 from .redis import get_redis
 
@@ -132,7 +134,7 @@ def latest_event(domain: str, job_id: str) -> dict | None:
     or any more: the state expires after EVENTBUS['STATE_TTL']) or Redis cannot answer."""
     try:
         raw = get_redis().get(JobKeys(domain, job_id).state)
-    except (RedisError, UnknownDomain):
+    except (RedisError, UnknownJobType):
         logger.warning("latest event of %s %s unavailable", domain, job_id, exc_info=True)
         return None
     if not raw:
@@ -164,11 +166,6 @@ class Backfill:
     entries: list[tuple[bytes, dict]]  # history events with seq > after, in seq order: (raw, parsed)
     applied: int | None  # the router's last applied seq; None: it has none (any more)
     latest: dict | None  # the job's newest published event (its state KV), if any
-
-
-def job_channel(domain: str, job_id: str) -> str:
-    """The pub/sub channel the router publishes the job's events on."""
-    return JobKeys(domain, job_id).channel
 
 
 async def read_backfills(client, asks: list[tuple[str, str, int]]) -> list[Backfill | ValueError]:
@@ -210,6 +207,141 @@ class StageRow:
     label: str
     state: str  # StageRecord.state, or PENDING for a declared stage without a record
     record: StageRecord | None
+
+
+@dataclass(frozen=True, slots=True)
+class StageDetail:
+    """One stage of a job as its owner sees it (the jobs API's detail): a row of job_stages()
+    with its record's counts and times, and its error, if any."""
+
+    name: str
+    label: str
+    state: str  # STAGE_STATES
+    attempts: int  # runs that started the stage (0: no record yet)
+    started_at: datetime | None
+    finished_at: datetime | None
+    # The last failure of an attempt ({"type", "message"}), until an attempt finishes the stage;
+    # None for a stage a cancel stopped: its JobCancelled is for staff (the admin).
+    error: dict | None
+
+
+@dataclass(frozen=True, slots=True)
+class JobDetail:
+    """One job as its owner sees it, read in full (job_detail()): its row's fields, its latest
+    event, its error and its stages. A value, read once: nothing is set on a model instance."""
+
+    id: uuid.UUID
+    domain: str  # the job's type (named `domain` on the wire and in the model)
+    state: str
+    payload: dict
+    accepted_at: datetime
+    completed_at: datetime | None
+    retry_of_id: uuid.UUID | None  # the job this one retries (named as the model's attribute)
+    retried_by: uuid.UUID | None  # the job that retries this one, if any
+    latest_event: dict | None  # latest_event(): while Redis keeps it (EVENTBUS["STATE_TTL"])
+    error: dict | None  # job_error(): why a FAILED job failed
+    stages: tuple[StageDetail, ...]
+
+
+def job_detail(user, job_id) -> JobDetail | None:
+    """The job with its latest event, error and stages, if `user` sees it (visible_jobs), else
+    None: the jobs API's GET /api/jobs/<job_id>/.
+
+    Parameters
+    ----------
+    user : User
+        Who asks: their own jobs, or every job with the job model's view permission.
+    job_id : uuid.UUID or str
+        The job's id.
+    """
+    job = visible_job(user, job_id)
+    if job is None:
+        return None
+    latest = latest_event(job.domain, str(job.id))
+    records = job_stage_records(job)  # one query: the stages and the job's error come from it
+    return JobDetail(
+        id=job.id,
+        domain=job.domain,
+        state=job.state,
+        payload=job.payload,
+        accepted_at=job.accepted_at,
+        completed_at=job.completed_at,
+        retry_of_id=job.retry_of_id,
+        retried_by=job.retried_by,  # type: ignore[attr-defined]  # visible_job's annotation
+        latest_event=latest,
+        error=job_error(job, latest, records),
+        stages=tuple(stage_details(job, records)),
+    )
+
+
+def job_error(job, latest: dict | None, records) -> dict | None:
+    """Why a FAILED job failed: {"stage", "type", "message"}, from the stage's record (stage
+    None: it failed outside any stage, and only its final event, while Redis keeps it, says why);
+    None for a job in any other state.
+
+    Parameters
+    ----------
+    job : Job
+        The job.
+    latest : dict or None
+        Its latest event (latest_event()).
+    records : list of StageRecord
+        Its stage records (job_stage_records()), read once by the caller.
+    """
+    from .models import Job
+
+    if job.state != Job.State.FAILED:
+        return None
+    failure = recorded_failure(records)
+    if failure is None and latest is not None:
+        data = latest.get("data")
+        if isinstance(data, dict) and data.get("final") is True and isinstance(data.get("error"), dict):
+            told = data["error"]  # read back from Redis: its shape is checked, not trusted
+            stage = told.get("stage")
+            failure = {
+                "stage": stage if isinstance(stage, str) else None,
+                "type": str(told.get("type", "")),
+                "message": str(told.get("message", "")),
+            }
+    return failure
+
+
+def recorded_failure(records) -> dict | None:
+    """The failure kept on the job's unfinished stage that failed last ({"stage", "type",
+    "message"}, as eventbus.stages.describe records it), or None; `records` are the job's stage
+    records, as the caller read them already."""
+    failed = [r for r in records if r.finished_at is None and r.error_type is not None]
+    if not failed:
+        return None
+    record = max(failed, key=lambda r: r.failed_at)
+    return {"stage": record.stage, "type": record.error_type, "message": record.error_message or ""}
+
+
+def stage_details(job, records) -> list[StageDetail]:
+    """Every stage of the job (job_stages(): its type's declared stages in order, then recorded
+    ones its type no longer declares) as its owner sees it."""
+    details = []
+    for row in job_stages(job, records):
+        record = row.record
+        details.append(
+            StageDetail(
+                name=row.name,
+                label=row.label,
+                state=row.state,
+                attempts=record.attempts if record else 0,
+                started_at=record.started_at if record else None,
+                finished_at=record.finished_at if record else None,
+                # A cancel is no failure: its record's JobCancelled is for staff (the admin).
+                error=None if row.state == "CANCELLED" else _stage_error(record),
+            )
+        )
+    return details
+
+
+def _stage_error(record) -> dict | None:
+    if record is None or not record.error_type:
+        return None
+    return {"type": record.error_type, "message": record.error_message or ""}
 
 
 def job_stages(job, records=None) -> list[StageRow]:

@@ -95,7 +95,7 @@ def django_redis_cache(url: str, *, key_prefix: str = "") -> dict:
             "CONNECTION_FACTORY": "django_redis.pool.SentinelConnectionFactory",
             "SENTINELS": list(parsed.sentinels),
             # JSON, not django-redis's default pickle: whoever can write to Redis must not run
-            # code in the processes that read the cache (SPEC §15).
+            # code in the processes that read the cache.
             "SERIALIZER": "django_redis.serializers.json.JSONSerializer",
         },
     }

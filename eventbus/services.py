@@ -26,11 +26,11 @@ from idempotency.keys import IdemKey
 from idempotency.scope import join_scope
 from idempotency.services import accept_once
 
-from . import cancellation, jobtypes, lifecycle, metrics
+from . import cancellation, jobtypes, lifecycle, metrics, stagerecords
 from .exceptions import JobAlreadyRetried, JobEnded, JobNotRetryable
 from .jobtypes import InvalidPayload, JobType, UnknownJobType
 from .limits import check_creation_cap, check_payload_size, check_running_cap
-from .models import Job, StageRecord
+from .models import Job
 from .selectors import retry_id
 
 logger = logging.getLogger(__name__)
@@ -103,7 +103,7 @@ def cancel_job(job_id) -> Job:
     one state, with one final event (only its run publishes a running job's)."""
     job = Job.objects.get(pk=job_id)
     while True:
-        if lifecycle.is_final(job):
+        if job.ended:
             raise JobEnded(job)
         if job.state == State.PENDING:
             if lifecycle.cancel_pending(job):
@@ -163,18 +163,7 @@ def retry_job(job_id, *, key: str | IdemKey, owner=None, scope: str | None = Non
                 raise
             raise JobAlreadyRetried(old, retried_by) from None
         if created:
-            StageRecord.objects.bulk_create(
-                StageRecord(
-                    job=job,
-                    stage=record.stage,
-                    attempts=record.attempts,
-                    result=record.result,
-                    events=record.events,
-                    started_at=record.started_at,
-                    finished_at=record.finished_at,
-                )
-                for record in old.stage_records.filter(finished_at__isnull=False)
-            )
+            stagerecords.copy_finished(old, job)
             logger.info("Job %s retries job %s (%s)", job.id, old.id, old.state)
             transaction.on_commit(lambda: metrics.job_retried(old.domain))
     return job, created
@@ -222,12 +211,11 @@ def _run_is_live(job: Job) -> bool:
     """A run holds the job's lease (when Redis cannot say, assume it does: no extra message)."""
     from redis.exceptions import RedisError
 
+    from .keys import JobKeys
     from .redis import get_redis
-    from .runs import RunLease
 
     try:
-        client = get_redis()
-        return bool(client.exists(RunLease(job, client=client).key))
+        return bool(get_redis().exists(JobKeys(job.domain, str(job.id)).run_lease))
     except RedisError:
         return True
 

@@ -16,13 +16,12 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.utils import timezone
 
-from idempotency.jsontext import json_unstorable, nested_deeper_than
+from exactly_once.jsontext import json_unstorable, nested_deeper_than
 
 from . import metrics, stagerecords
 from .jobtypes import FINAL_STAGE, JobCancelled, JobFailed, JobType, PlannedStage, StageTimeout
@@ -364,22 +363,13 @@ def _record_failure(job, stage: str, exc: Exception, *, retry_in: float | None =
     except AttributeError:  # an exception type with __slots__: the failure is told without its stage
         pass
     try:
-        StageRecord.objects.filter(job=job, stage=stage, finished_at__isnull=True).update(
+        stagerecords.record_failure(
+            job,
+            stage,
             error_type=failure["type"],
             error_message=failure["message"],
             error_traceback=_bounded("".join(traceback.format_exception(exc)), MAX_TRACEBACK, keep_end=True),
-            failed_at=timezone.now(),
-            next_attempt_at=None if retry_in is None else timezone.now() + timedelta(seconds=retry_in),
+            retry_in=retry_in,
         )
     except Exception:  # the database away: the failure is still logged and told in the final event
         logger.warning("Job %s: could not record the failure of stage %s", job.id, stage, exc_info=True)
-
-
-def recorded_failure(records) -> dict | None:
-    """The failure kept on the job's unfinished stage that failed last (describe()'s shape), or
-    None; `records` are the job's stage records, as the caller read them already."""
-    failed = [r for r in records if r.finished_at is None and r.error_type is not None]
-    if not failed:
-        return None
-    record = max(failed, key=lambda r: r.failed_at)
-    return {"stage": record.stage, "type": record.error_type, "message": record.error_message or ""}

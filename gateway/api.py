@@ -12,12 +12,10 @@ from rest_framework.response import Response
 from rest_framework.throttling import ScopedRateThrottle
 from rest_framework.views import APIView
 
+from eventbus import InvalidPayload, cancel_job, retry_job, start_job
 from eventbus.exceptions import JobServiceError
-from eventbus.jobtypes import InvalidPayload
 from eventbus.models import Job
-from eventbus.selectors import job_list, job_stage_records, latest_event, visible_job
-from eventbus.services import cancel_job, retry_job, start_job
-from eventbus.stages import recorded_failure
+from eventbus.selectors import job_detail, job_list, visible_job
 from idempotency.decorators import idempotency_key
 from idempotency.exceptions import IdempotencyKeyMismatch
 from idempotency.problems import problem, problem_from_error
@@ -30,7 +28,6 @@ from .serializers import (
     JobFilterSerializer,
     JobRequestSerializer,
     JobSerializer,
-    job_stages,
     ws_url,
 )
 from .throttling import SCOPE, JobsThrottle
@@ -102,35 +99,10 @@ class JobListView(JobsView):
 @documented
 class JobDetailView(JobsView):
     def get(self, request, job_id):
-        job = visible_job(request.user, job_id)
-        if job is None:
+        detail = job_detail(request.user, job_id)  # a value: its latest event, error and stages too
+        if detail is None:
             raise NotFound("No such job.")
-        latest = latest_event(job.domain, str(job.id))
-        # What the job's row does not hold, set on it for the serializer.
-        job.latest_event = latest
-        records = job_stage_records(job)  # one query: the stages and the job's error come from it
-        job.error = job_error(job, latest, records)
-        job.stages = job_stages(job, records)
-        return Response(JobDetailSerializer(job, context={"request": request}).data)
-
-
-def job_error(job, latest: dict | None, records) -> dict | None:
-    """Why a FAILED job failed: {"stage", "type", "message"}, from the stage's record (stage
-    None: it failed outside any stage, and only its final event, while Redis keeps it, says why)."""
-    if job.state != Job.State.FAILED:
-        return None
-    failure = recorded_failure(records)
-    if failure is None and latest is not None:
-        data = latest.get("data")
-        if isinstance(data, dict) and data.get("final") is True and isinstance(data.get("error"), dict):
-            told = data["error"]  # read back from Redis: its shape is checked, not trusted
-            stage = told.get("stage")
-            failure = {
-                "stage": stage if isinstance(stage, str) else None,
-                "type": str(told.get("type", "")),
-                "message": str(told.get("message", "")),
-            }
-    return failure
+        return Response(JobDetailSerializer(detail, context={"request": request}).data)
 
 
 def service_problem(error: JobServiceError):

@@ -1,6 +1,6 @@
-"""GATEWAY settings, read through one accessor (see idempotency.conf.AppSettings)."""
+"""GATEWAY settings, read through one accessor (see exactly_once.conf.AppSettings)."""
 
-from idempotency.conf import AppSettings
+from exactly_once.conf import AppSettings
 
 DEFAULTS = {
     # Live frames waiting for one socket while it catches up or its client's buffer is full; a

@@ -39,10 +39,9 @@ from django.utils import timezone
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from eventbus.conf import eventbus_settings
-from eventbus.entries import MAX_SEQ, MAX_SEQ_DIGITS
 from eventbus.models import Job
-from eventbus.selectors import job_channel, job_outcome, job_to_stream
+from eventbus.pubsub import MAX_SEQ, MAX_SEQ_DIGITS, events_kept_seconds, job_channel
+from eventbus.selectors import job_outcome, job_to_stream
 
 from . import eager
 from .adapters.channels import frames_send
@@ -97,7 +96,7 @@ def parse_job_id(raw: str) -> uuid.UUID:
 find_job = database_sync_to_async(job_to_stream)
 
 
-def is_final(event: dict) -> bool:
+def is_final_event(event: dict) -> bool:
     """The job's final event (its data says `"final": true`)."""
     data = event.get("data")
     return isinstance(data, dict) and data.get("final") is True
@@ -403,8 +402,7 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
         return first is not None or expired or int(applied or 0) > self.last_sent
 
     def _keys_may_have_expired(self) -> bool:
-        ttl = min(eventbus_settings.STATE_TTL, eventbus_settings.HISTORY_TTL)
-        return timezone.now() - self.job.accepted_at >= timedelta(seconds=ttl)
+        return timezone.now() - self.job.accepted_at >= timedelta(seconds=events_kept_seconds())
 
     def _outcome_due(self, latest: dict | None) -> bool:
         """The client now waits for the job's next event: unless none will come. That is when
@@ -415,7 +413,7 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
         After a blip the job's state is read again first, off the sending (a state check)."""
         if self.outcome_sent:
             return False
-        if latest is not None and (int(latest.get("seq", 0)) > self.last_sent or is_final(latest)):
+        if latest is not None and (int(latest.get("seq", 0)) > self.last_sent or is_final_event(latest)):
             return False  # on its way (the router has it), or the client has the end already
         if self.job.ended:
             return True

@@ -23,10 +23,14 @@ from typing import Protocol
 
 import redis.asyncio as aioredis
 
-from eventbus.adapters.redis import pubsub_for, refresh_slot_map
-from eventbus.conf import eventbus_settings
-from eventbus.durability import check_durability
-from eventbus.redis import get_redis, make_async_node_client, make_async_read_client, make_async_redis
+from eventbus.pubsub import (
+    check_durability,
+    cluster_client,
+    node_client,
+    pubsub_for,
+    read_client,
+    refresh_slot_map,
+)
 from eventbus.selectors import Backfill, read_backfills
 
 from .backoff import Backoff, retrying
@@ -91,7 +95,7 @@ class _Line:
     def __init__(self, hub: Hub, client: aioredis.Redis, name: str, *, sharded: bool):
         self.hub, self.client, self.name, self.sharded = hub, client, name, sharded
         # redis-py reconnects and subscribes the channels again; the hub then resyncs them
-        # (eventbus.adapters.redis tells it of the reconnection).
+        # (eventbus.pubsub.pubsub_for tells it of the reconnection).
         self.pubsub = pubsub_for(client, functools.partial(hub._connected, self))
         self.channels: set[str] = set()  # subscribed through this line (or being)
         self.reader: asyncio.Task | None = None
@@ -185,11 +189,11 @@ class _SharedRead:
 
 class Hub:
     def __init__(self):
-        # Reads (history, state) share a small blocking pool (eventbus.redis builds it); each
+        # Reads (history, state) share a small blocking pool (eventbus.pubsub builds it); each
         # pub/sub line has a client of its own.
-        self._reads = make_async_read_client(max_connections=gateway_settings.READ_CONNECTIONS)
+        self._reads = read_client(max_connections=gateway_settings.READ_CONNECTIONS)
         # On a Redis Cluster, a cluster client tells which master owns a channel's slot.
-        self._cluster = make_async_redis() if eventbus_settings.CLUSTER else None
+        self._cluster = cluster_client()
         self._lines: dict[str, _Line] = {}
         self._line_of: dict[str, _Line] = {}  # channel -> the line it is subscribed through
         self._listeners: dict[str, set[Listener]] = {}
@@ -203,13 +207,11 @@ class Hub:
         self._readers = 0  # tasks sending them, one connection each at most
 
     async def check_durability(self) -> None:
-        """The bus's Redis checked once per process, at the first socket (eventbus.durability):
+        """The bus's Redis checked once per process, at the first socket (eventbus.pubsub):
         a warning in the log, or ImproperlyConfigured for every socket when refused by setting."""
         if self._durability is None:
             # The bus's own check, once, off the event loop: no async twin of it to keep in step.
-            self._durability = asyncio.ensure_future(
-                asyncio.to_thread(check_durability, get_redis(), process="gateway")
-            )
+            self._durability = asyncio.ensure_future(asyncio.to_thread(check_durability, process="gateway"))
         await asyncio.shield(self._durability)
 
     @property
@@ -319,7 +321,7 @@ class Hub:
             name, sharded = node.name, True
         line = self._lines.get(name)
         if line is None:
-            client = make_async_node_client(node.host, node.port) if sharded else make_async_node_client()
+            client = node_client(node.host, node.port) if sharded else node_client()
             line = self._lines[name] = _Line(self, client, name, sharded=sharded)
         return line
 

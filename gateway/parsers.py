@@ -14,7 +14,7 @@ answer that shows it then fails to encode (a 500 for ever).
 from rest_framework import parsers
 from rest_framework.exceptions import ParseError
 
-from idempotency.jsontext import value_is_unicode
+from exactly_once.jsontext import value_is_unicode
 
 
 class JSONParser(parsers.JSONParser):

@@ -15,7 +15,6 @@ from rest_framework import serializers
 
 from eventbus.jobtypes import registry
 from eventbus.models import STAGE_STATES, Job
-from eventbus.selectors import job_stages as selected_job_stages
 from eventbus.selectors import retry_id
 
 from .conf import gateway_settings
@@ -90,33 +89,6 @@ def ws_url(job, request) -> str:
     return f"{scheme}://{request.get_host()}/ws/jobs/{job.id}/"
 
 
-def stage_error(record) -> dict | None:
-    if record is None or not record.error_type:
-        return None
-    return {"type": record.error_type, "message": record.error_message or ""}
-
-
-def job_stages(job, records) -> list[dict]:
-    """Every stage of the job (eventbus.selectors.job_stages: its type's declared stages in order,
-    then recorded ones its type no longer declares) as the API shows it."""
-    stages = []
-    for row in selected_job_stages(job, records):
-        record = row.record
-        stages.append(
-            {
-                "name": row.name,
-                "label": row.label,
-                "state": row.state,
-                "attempts": record.attempts if record else 0,
-                "started_at": record.started_at if record else None,
-                "finished_at": record.finished_at if record else None,
-                # A cancel is no failure: its record's JobCancelled is for staff (the admin).
-                "error": None if row.state == "CANCELLED" else stage_error(record),
-            }
-        )
-    return stages
-
-
 class StageErrorSerializer(serializers.Serializer):
     type = serializers.CharField(help_text="The exception's type, e.g. ValueError.")
     message = serializers.CharField(allow_blank=True, help_text="What it said (at most 1,000 characters).")
@@ -174,10 +146,8 @@ class JobSerializer(JobAcceptedSerializer):
 
 
 class JobDetailSerializer(JobSerializer):
-    """A job with its payload, latest event, error and stages."""
-
-    # What is not the job's own row is set on it by the view first: `latest_event`, `error` and
-    # `stages` (job_stages()).
+    """A job with its payload, latest event, error and stages: it reads the job's detail as
+    eventbus.selectors.job_detail gives it (a JobDetail value, its stages StageDetail values)."""
 
     payload = serializers.DictField()
     latest_event = serializers.DictField(

@@ -11,11 +11,12 @@ import uuid
 from django.core.exceptions import ImproperlyConfigured
 from django.db import models
 
+from exactly_once.jsontext import MAX_JSON_DEPTH, json_holds_lone_surrogate, nested_deeper_than
+
 from .conf import idempotency_settings
 from .exceptions import IdempotencyInProgress, IdempotencyKeyMismatch
 from .execution import run_leased, transaction_aliases
 from .fingerprint import call_fingerprint
-from .jsontext import MAX_JSON_DEPTH, json_holds_lone_surrogate, nested_deeper_than
 from .keys import IdemKey, InvalidKey
 from .policy import ATTRIBUTE, REQUIRED, ViewPolicy
 from .responses import StoredResponse
@@ -102,7 +103,9 @@ def idempotent(
                     checked_scope(scope(*args, **kwargs), f"The scope of {func.__qualname__}()")
                 )
             elif scope is not GLOBAL:
-                scope_parts.append(checked_scope(owner_scope(kwargs, scope, func), f"{func.__qualname__}()"))
+                scope_parts.append(
+                    checked_scope(owner_argument_scope(kwargs, scope, func), f"{func.__qualname__}()")
+                )
                 fingerprint_kwargs = {k: v for k, v in fingerprint_kwargs.items() if k != scope}
             call_scope = join_scope(*scope_parts)
 
@@ -152,7 +155,7 @@ def _check_scope(scope, operation: str) -> None:
     )
 
 
-def owner_scope(kwargs: dict, name: str, func) -> str:
+def owner_argument_scope(kwargs: dict, name: str, func) -> str:
     """The scope of the owner passed as the keyword argument `name`: "<app_label>.<model>:<pk>"
     for a model instance, a str or int as itself."""
     if name not in kwargs:

@@ -1,7 +1,7 @@
 """Fingerprints tell a retry of a request from another request under the same key.
 
 A request's body is fingerprinted once the request is authenticated and its key is valid
-(SPEC §15: an unauthenticated client cannot make the server hash a body by adding a key), in the
+(docs/howto/idempotent-views.md: an unauthenticated client cannot make the server hash a body by adding a key), in the
 middleware's process_view. The body stays readable for the view:
 - a body within DATA_UPLOAD_MAX_MEMORY_SIZE is read as `request.body` (Django keeps it);
 - a larger one is hashed as a stream, in chunks, and left on a spooled temporary file that
@@ -28,8 +28,9 @@ from urllib.parse import parse_qsl, urlencode
 
 from django.conf import settings
 
+from exactly_once.jsontext import nested_deeper_than
+
 from .adapters.django import Body, request_body
-from .jsontext import nested_deeper_than
 
 CHUNK = 64 * 1024
 # Bodies above this are hashed as a stream when DATA_UPLOAD_MAX_MEMORY_SIZE is None (no limit).

@@ -8,7 +8,7 @@ not cover goes through without leaving the event loop; a keyed one makes one tri
 thread for the database work and the view (where Django would run a sync view anyway).
 
 The order of work for a keyed request: authenticate (resolve its scope), parse the key, and
-only then fingerprint the body (SPEC §15): a request that is not authenticated, or whose key
+only then fingerprint the body (docs/howto/idempotent-views.md, Replays and authentication): a request that is not authenticated, or whose key
 is malformed, is refused without its body being read.
 """
 
@@ -144,7 +144,7 @@ class IdempotencyMiddleware:
     def keyed(self, request, policy, view_func, view_args, view_kwargs):
         header = idempotency_settings.HEADER
         raw_key = request.headers.get(header)
-        # Authentication first (SPEC §15): the body of a request that is not authenticated is
+        # Authentication first: the body of a request that is not authenticated is
         # never read, let alone hashed; the view refuses it as it would without a key.
         scope = resolve_scope(request, view_func)
         if scope is None:

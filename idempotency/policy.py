@@ -51,7 +51,7 @@ def policy_for(view_func, method: str) -> ViewPolicy | None:
         policy = policy or _marked(handler) or _marked(cls)
     if policy is None:
         if idempotency_settings.DEFAULT_POLICY_VIEWS != "all" and not is_api_view(cls):
-            return None  # an unmarked admin or HTML view: not covered by default (SPEC §15)
+            return None  # an unmarked admin or HTML view: not covered by default (howto/idempotent-views.md)
         policy = ViewPolicy(mode=idempotency_settings.DEFAULT_POLICY)
     methods = policy.methods or idempotency_settings.METHODS
     if policy.mode == EXEMPT or method not in methods:

@@ -24,7 +24,7 @@ class StoredResponse:
 
 def is_storable(response) -> bool:
     """2xx, 3xx (a POST-redirect-GET form replays its redirect, Location included) and 4xx
-    that are final answers (SPEC §4). Never 5xx, 1xx or a streamed body."""
+    that are final answers (docs/reference/idempotency.md). Never 5xx, 1xx or a streamed body."""
     if getattr(response, "streaming", False):
         return False
     status = response.status_code

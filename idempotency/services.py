@@ -8,7 +8,7 @@
     )
 
 The model needs a UNIQUE constraint on the `unique` fields. The row goes in with one
-INSERT ... ON CONFLICT DO NOTHING (idempotency.upsert); when the key is taken, the winner is
+INSERT ... ON CONFLICT DO NOTHING (exactly_once.upsert); when the key is taken, the winner is
 read back and must hold what the row holds in the `same` fields, or the key was used for
 another request (IdempotencyKeyMismatch). The job services (eventbus.services) accept jobs so.
 """
@@ -22,9 +22,10 @@ from typing import TypeVar
 from django.core.exceptions import BadRequest
 from django.db import IntegrityError, models, transaction
 
+from exactly_once.jsontext import json_unstorable, nested_deeper_than, text_is_unicode
+from exactly_once.upsert import insert
+
 from .exceptions import IdempotencyKeyMismatch
-from .jsontext import json_unstorable, nested_deeper_than, text_is_unicode
-from .upsert import insert
 
 Row = TypeVar("Row", bound=models.Model)
 

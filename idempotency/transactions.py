@@ -22,9 +22,10 @@ from contextlib import contextmanager
 
 from django.db import DEFAULT_DB_ALIAS, connections, router, transaction
 
+from exactly_once.upsert import column
+
 from .adapters.django import in_transaction
 from .models import IdempotencyRecord
-from .upsert import column
 
 # The modes whose BEGIN takes the write lock itself.
 LOCKING_MODES = frozenset({"IMMEDIATE", "EXCLUSIVE"})

@@ -1,4 +1,4 @@
-"""What the adapters' tests share (idempotency.adapters): a fresh copy of an adapter module,
+"""What the adapters' tests share (exactly_once.internals): a fresh copy of an adapter module,
 whose gate is asked again, while the module in use stays as it is."""
 
 from __future__ import annotations

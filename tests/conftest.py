@@ -45,7 +45,7 @@ def pytest_report_header(config):
     """Each leg of the version matrix (noxfile.py) says what it runs on."""
     import django
 
-    from idempotency.adapters import ENVIRONMENT_VARIABLE, forced_off
+    from exactly_once.internals import ENVIRONMENT_VARIABLE, forced_off
 
     database = "PostgreSQL" if os.environ.get("DATABASE_URL", "").startswith("postgres") else "SQLite"
     internals = "off (public APIs only)" if forced_off() else "on where the release is tested"
@@ -53,9 +53,9 @@ def pytest_report_header(config):
 
 
 def pytest_terminal_summary(terminalreporter):
-    """The path each adapter took in this process (idempotency.adapters): the matrix's proof that
+    """The path each adapter took in this process (exactly_once.internals): the matrix's proof that
     its public-API leg ran the fallbacks."""
-    from idempotency.adapters import adapters_in_use
+    from exactly_once.internals import adapters_in_use
 
     used = adapters_in_use()
     if used:
@@ -264,7 +264,7 @@ def skip_without_cluster_client() -> None:
     """The bus refuses a cluster with a redis-py older than 8.0 (eventbus.E010): the matrix's
     oldest leg (redis-py 5.0.1) has no cluster to test."""
     from eventbus.checks import CLUSTER_REDIS_PY
-    from idempotency.adapters import installed
+    from exactly_once.internals import installed
 
     release = installed("redis")
     if release is not None and release < CLUSTER_REDIS_PY:

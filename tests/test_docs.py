@@ -1,10 +1,12 @@
 """The README and the documentation site's pages, read as files (no server, no Sphinx build: `make
 docs` builds the site, with warnings as errors): the README stays short, every relative link
 leads to a file that exists, and every block of the tutorial is one the smoke test runs
-(`make smoke`, tests/smoke/smoke.py); the other pages' blocks, by tests/docs/."""
+(`make smoke`, tests/smoke/smoke.py); the other pages' blocks, by tests/docs/. Nothing cites a
+document outside the repository, and the models reference names every column."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -103,3 +105,99 @@ def test_the_tutorial_runs_the_sweeper_and_kills_a_worker():
     text = (DOCS / "tutorial.md").read_text()
     assert "python manage.py run_jobs" in text
     assert "<!-- smoke: sh crash -->\n```sh\nkill -9 " in text
+
+
+# The docs stand alone: no citation of a document the repository does not hold ---------------------
+#
+# The pattern is built from two halves so that this file does not match itself.
+OUTSIDE_DOCUMENT = re.compile(r"\b" + "SP" + r"EC\b")
+CITATION_EXEMPT = {"tests/test_docs.py"}
+
+
+# What git ignores (.gitignore), and git's own folder: the rest is the repository's text.
+IGNORED_FOLDERS = {
+    ".git",
+    ".venv",
+    ".nox",
+    ".run",
+    ".hypothesis",
+    ".mypy_cache",
+    ".ruff_cache",
+    ".pytest_cache",
+    "__pycache__",
+    "_build",
+    "build",
+    "dist",
+    "staticfiles",
+}
+
+
+def tracked_text_files() -> list[Path]:
+    """Every file of the checkout that git tracks or would track: the tree without what
+    .gitignore names (walked, not asked of git: the fast tier starts no subprocess)."""
+    found = []
+    for folder, folders, names in os.walk(BASE_DIR):
+        here = Path(folder)
+        folders[:] = [
+            name
+            for name in folders
+            if name not in IGNORED_FOLDERS
+            and not name.endswith(".egg-info")
+            and (here / name) != BASE_DIR / "bench" / "results"
+        ]
+        found += [
+            here / name for name in names if not name.endswith(".pyc") and not name.startswith("db.sqlite3")
+        ]
+    return found
+
+
+def citations_outside(text: str) -> list[str]:
+    """The lines of `text` that cite the outside document."""
+    return [line.strip() for line in text.splitlines() if OUTSIDE_DOCUMENT.search(line)]
+
+
+def test_no_file_cites_a_document_outside_the_repository():
+    """Code, docs, bench reports, Lua and JS cite the docs' own pages, never a document that is
+    not in the repository."""
+    files = tracked_text_files()
+    assert len(files) > 100
+    found = []
+    for path in files:
+        relative = path.relative_to(BASE_DIR).as_posix()
+        if relative in CITATION_EXEMPT:
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue  # not text
+        found += [f"{relative}: {line}" for line in citations_outside(text)]
+    assert not found, "cite the docs' own pages instead:\n" + "\n".join(found)
+
+
+def test_the_citation_check_can_fail():
+    cited = (
+        "A finished stage costs one write (" + "SP" + "EC §9).\nNo citation here.\nthe " + "SP" + "EC targets"
+    )
+    assert citations_outside(cited) == [cited.splitlines()[0], cited.splitlines()[2]]
+    assert citations_outside("SPECTACULAR_SETTINGS = {}\nspecification, spec") == []
+
+
+# The models reference names every column -------------------------------------------------------
+
+
+def test_the_models_page_names_every_field_of_each_model():
+    from eventbus.models import DeadLetter, Job, StageRecord
+    from idempotency.models import IdempotencyRecord
+
+    text = (DOCS / "reference" / "models.md").read_text()
+    sections = {
+        heading: body for heading, body in re.findall(r"^## (\w+)\n(.*?)(?=^## |\Z)", text, re.M | re.S)
+    }
+    for model in (Job, StageRecord, IdempotencyRecord, DeadLetter):
+        assert model.__name__ in sections, f"docs/reference/models.md has no section ## {model.__name__}"
+        missing = [
+            field.name
+            for field in model._meta.concrete_fields
+            if f"`{field.name}`" not in sections[model.__name__]
+        ]
+        assert not missing, f"docs/reference/models.md, ## {model.__name__}, does not name: {missing}"

@@ -33,6 +33,17 @@ import pytest
 from tests.processes import BASE_DIR
 
 APPS = ("idempotency", "eventbus", "gateway")
+# The shared core (not a Django app): what the three apps use and none of them owns.
+CORE = "exactly_once"
+PACKAGES = (CORE, *APPS)
+# The floors: a package imports only those below it. The core imports none of the apps, the key
+# layer neither the bus nor the gateway, the bus not the gateway (docs/howto/develop.md, Layout).
+NOT_IMPORTED_BY = {
+    CORE: APPS,
+    "idempotency": ("eventbus", "gateway"),
+    "eventbus": ("gateway",),
+    "gateway": (),
+}
 DYNAMIC_IMPORTS = {"import_module", "import_string", "__import__"}
 
 
@@ -206,13 +217,57 @@ def describe(graph: dict[str, dict[str, int]], component: list[str]) -> str:
 
 
 def test_no_import_circles_between_the_apps_modules():
-    source = Source(BASE_DIR, APPS)
-    assert {"idempotency.stores.base", "eventbus.jobtypes", "gateway.consumers"} <= set(source.paths)
+    source = Source(BASE_DIR, PACKAGES)
+    assert {"exactly_once.conf", "idempotency.stores.base", "eventbus.jobtypes", "gateway.consumers"} <= set(
+        source.paths
+    )
     graph = source.graph()
     found = circles(graph)
     assert not found, "Import circles (module:line -> module):\n" + "\n".join(
         describe(graph, component) for component in found
     )
+
+
+def floor_breaches(graph: dict[str, dict[str, int]]) -> list[str]:
+    """Every import that runs up a floor (NOT_IMPORTED_BY), as "module:line -> module"."""
+    return [
+        f"{source}:{line} -> {target}"
+        for source, targets in sorted(graph.items())
+        for target, line in sorted(targets.items())
+        if target.partition(".")[0] in NOT_IMPORTED_BY.get(source.partition(".")[0], ())
+    ]
+
+
+def test_imports_run_down_the_floors_only():
+    """The shared core imports none of the apps; idempotency neither eventbus nor the gateway;
+    eventbus not the gateway. Lazy, typing-only and dynamic imports count as in the circles'
+    check."""
+    source = Source(BASE_DIR, PACKAGES)
+    breaches = floor_breaches(source.graph())
+    assert not breaches, "Imports up a floor (module:line -> module):\n" + "\n".join(breaches)
+
+
+def test_the_floor_check_can_fail(tmp_path):
+    write(
+        tmp_path,
+        {
+            "exactly_once/__init__.py": "",
+            "exactly_once/conf.py": "def f():\n    from idempotency import keys\n",
+            "idempotency/__init__.py": "",
+            "idempotency/keys.py": "from exactly_once import conf\n",
+            "eventbus/__init__.py": "",
+            "eventbus/jobs.py": 'import importlib\nimportlib.import_module("gateway.api")\n',
+            "gateway/__init__.py": "",
+            "gateway/api.py": "from eventbus import jobs\nfrom exactly_once import conf\n",
+        },
+    )
+    graph = Source(tmp_path, PACKAGES).graph()
+    assert floor_breaches(graph) == [
+        "eventbus.jobs:2 -> gateway",
+        "eventbus.jobs:2 -> gateway.api",
+        "exactly_once.conf:2 -> idempotency",
+        "exactly_once.conf:2 -> idempotency.keys",
+    ]
 
 
 def write(root: Path, files: dict[str, str]) -> None:
@@ -260,6 +315,81 @@ def test_the_check_finds_lazy_typing_relative_exported_and_dynamic_circles(tmp_p
     ]
 
 
+# The gateway asks the event bus through its public face -----------------------------------------
+
+# What of eventbus the gateway may import: the package (names in its __all__: the job services,
+# InvalidPayload...), the reads of jobs (selectors), the pub/sub entry (pubsub), the Job model
+# and its states (models: the serializers' choices, typing), the job services' errors
+# (exceptions: JobServiceError, the base the API turns into a problem) and the job-type API
+# (jobtypes: registry() and FINAL_STAGE, for the request's choices and the page). Nothing of its
+# Redis plumbing, runs or stages: those move without the gateway noticing.
+GATEWAY_MAY_IMPORT = {
+    "eventbus",
+    "eventbus.selectors",
+    "eventbus.pubsub",
+    "eventbus.models",
+    "eventbus.exceptions",
+    "eventbus.jobtypes",
+}
+
+
+class WrittenSource(Source):
+    """The imports as written: `from eventbus import start_job` imports the package `eventbus`
+    (its lazy export's module is the package's business, not the importer's)."""
+
+    def exports(self, package: str) -> dict[str, str]:
+        return {}
+
+
+def stray_imports(source: Source, app: str, other: str, allowed: set[str]) -> list[str]:
+    """Every import (module level, in a function, under TYPE_CHECKING, dynamic) of a module of
+    `other` by a module of `app` that is not in `allowed`, as "module:line -> module"."""
+    return [
+        f"{name}:{line} -> {target}"
+        for name, targets in sorted(source.graph().items())
+        if name.partition(".")[0] == app
+        for target, line in sorted(targets.items())
+        if target.partition(".")[0] == other and target not in allowed
+    ]
+
+
+def test_the_gateway_imports_only_the_event_bus_public_face():
+    source = WrittenSource(BASE_DIR, APPS)
+    assert {"eventbus.pubsub", "eventbus.selectors", "gateway.hub"} <= set(source.paths)
+    stray = stray_imports(source, "gateway", "eventbus", GATEWAY_MAY_IMPORT)
+    assert not stray, "gateway imports eventbus past its public face:\n" + "\n".join(stray)
+
+
+def test_the_public_face_check_finds_every_kind_of_import(tmp_path):
+    """The check itself can fail: a module-level, function-level, TYPE_CHECKING, dynamic and
+    attribute import of a module outside the allowed ones, and a parent package, each counts."""
+    write(
+        tmp_path,
+        {
+            "bus/__init__.py": '_EXPORTS = {"start": "bus.services"}\n',
+            "bus/services.py": "",
+            "bus/public.py": "",
+            "bus/inner/__init__.py": "",
+            "bus/inner/plumbing.py": "",
+            "web/__init__.py": "",
+            "web/fine.py": "from bus import start\nfrom bus.public import x\nimport bus\n",
+            "web/top.py": "from bus.services import start\n",
+            "web/lazy.py": "def f():\n    from bus.inner import plumbing\n",
+            "web/typed.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import bus.services\n",
+            "web/dynamic.py": 'import importlib\nimportlib.import_module("bus.inner.plumbing")\n',
+        },
+    )
+    stray = stray_imports(WrittenSource(tmp_path, ("bus", "web")), "web", "bus", {"bus", "bus.public"})
+    assert stray == [
+        "web.dynamic:2 -> bus.inner",
+        "web.dynamic:2 -> bus.inner.plumbing",
+        "web.lazy:2 -> bus.inner",
+        "web.lazy:2 -> bus.inner.plumbing",
+        "web.top:1 -> bus.services",
+        "web.typed:3 -> bus.services",
+    ]
+
+
 # The public API ----------------------------------------------------------------------------------
 
 # What the README's "Use it in your project", "Idempotency in your own Django project" and
@@ -295,9 +425,10 @@ def test_every_name_of_an_apps_api_resolves_to_where_it_is_defined(app):
 @pytest.mark.processes
 def test_importing_the_apps_loads_nothing_else_before_django_is_set_up():
     """Django imports the app packages (INSTALLED_APPS) before its app registry is ready, and a
-    settings module may import them: no models, settings, Redis client or other module of ours."""
+    settings module may import them (and the shared core): no models, settings, Redis client or
+    other module of ours."""
     code = (
-        "import json, sys; import idempotency, eventbus, gateway; "
+        "import json, sys; import exactly_once, idempotency, eventbus, gateway; "
         "from django.conf import settings; "
         "print(json.dumps([sorted(sys.modules), settings.configured]))"
     )
@@ -308,8 +439,8 @@ def test_importing_the_apps_loads_nothing_else_before_django_is_set_up():
     assert done.returncode == 0, done.stderr
     modules, configured = json.loads(done.stdout)
     assert not configured
-    ours = [m for m in modules if m.partition(".")[0] in APPS]
-    assert ours == sorted(APPS)
+    ours = [m for m in modules if m.partition(".")[0] in PACKAGES]
+    assert ours == sorted(PACKAGES)
     assert not [
         m for m in modules if m.partition(".")[0] in ("redis", "celery", "channels", "rest_framework")
     ]

@@ -1,4 +1,4 @@
-"""The metrics are not public by default (SPEC §15): /metrics answers this machine, or a bearer
+"""The metrics are not public by default (docs/reference/metrics.md): /metrics answers this machine, or a bearer
 token (METRICS_TOKEN); the commands' --metrics-port listens on 127.0.0.1 unless --metrics-addr
 says otherwise."""
 

@@ -37,7 +37,7 @@ def test_a_server_whose_port_another_one_holds_does_not_pass_for_started():
         holder.stop()
 
 
-# The private servers of `make run` and of the suite have a password (SPEC §15).
+# The private servers of `make run` and of the suite have a password.
 
 
 def test_make_runs_private_server_requires_its_password_and_listens_on_loopback_only(tmp_path, monkeypatch):
@@ -93,7 +93,7 @@ def test_a_replica_follows_a_master_with_a_password():
         master.stop()
 
 
-# Which redis-server may run: none with CVE-2025-49844 (SPEC §15).
+# Which redis-server may run: none with CVE-2025-49844 (docs/howto/develop.md, Which redis-server).
 
 FIXED_CHANGELOG = """redis (5:7.0.15-1~deb12u6) bookworm-security; urgency=medium
 

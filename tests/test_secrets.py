@@ -1,4 +1,4 @@
-"""Secrets stay out of messages and out of other users' reach (SPEC §15): URLs are shown with
+"""Secrets stay out of messages and out of other users' reach: URLs are shown with
 their password masked, and the files that hold secrets are created 0600 in 0700 folders."""
 
 import os

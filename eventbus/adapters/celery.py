@@ -1,4 +1,4 @@
-"""Celery's internals behind one gate (SPEC §10): a guard for a worker that exits on a broker
+"""Celery's internals behind one gate (docs/design/adapters.md): a guard for a worker that exits on a broker
 blip soon after one of its pool processes died.
 
 Internal used: `celery.concurrency.asynpool.AsynPool._track_child_process`, wrapped, and the
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import functools
 
-from idempotency.adapters import internals
+from exactly_once.internals import internals
 
 NAME = "eventbus.celery"
 

@@ -1,4 +1,4 @@
-"""redis-py's internals behind one gate (SPEC §10): the bus's script round trips, the cluster's
+"""redis-py's internals behind one gate (docs/design/adapters.md): the bus's script round trips, the cluster's
 slot map and the gateway's pub/sub.
 
 Internals used, and why:
@@ -71,7 +71,7 @@ from redis.exceptions import (
 )
 
 from eventbus.redis import by_node, is_cluster
-from idempotency.adapters import internals
+from exactly_once.internals import internals
 
 try:
     from hiredis import pack_command

@@ -1,6 +1,6 @@
 """channels' internals the gateway uses, and Django's URL patterns as channels-style routing
 matches them: each behind a version check asked once, at import, with a fallback written against
-the public API (SPEC §10: `idempotency.adapters.internals`; EXACTLY_ONCE_INTERNALS=off forces the
+the public API (docs/design/adapters.md: `exactly_once.internals`; EXACTLY_ONCE_INTERNALS=off forces the
 fallbacks).
 
 channels, tested 4.1 to 4.3 (the gate: >= 4.1, < 4.4):
@@ -34,7 +34,7 @@ from typing import Any
 
 from django.urls import Resolver404, resolve
 
-from idempotency.adapters import internals
+from exactly_once.internals import internals
 
 CHANNELS_INTERNALS = internals("gateway.adapters.channels", "channels", "4.1", "4.4")
 URL_PATTERN_INTERNALS = internals("gateway.adapters.channels.url_patterns", "django", "5.2", "6.2")

@@ -1,6 +1,6 @@
 """uvicorn's internals the gateway uses, behind one version check asked once, at import, with
-fallbacks written against uvicorn's public API and the ASGI spec (SPEC §10:
-`idempotency.adapters.internals`; EXACTLY_ONCE_INTERNALS=off forces the fallbacks). uvicorn is
+fallbacks written against uvicorn's public API and the ASGI spec (docs/design/adapters.md:
+`exactly_once.internals`; EXACTLY_ONCE_INTERNALS=off forces the fallbacks). uvicorn is
 optional (the distribution's `uvicorn` extra): without it the gateway runs under daphne and
 nothing here imports uvicorn; with it, uvicorn's protocol is imported only when gateway.uvicorn
 asks for it (a process running daphne does not).
@@ -51,7 +51,7 @@ import functools
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
-from idempotency.adapters import installed, internals
+from exactly_once.internals import installed, internals
 
 INTERNALS = internals("gateway.adapters.uvicorn", "uvicorn", "0.44", "0.55")
 

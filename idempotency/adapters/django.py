@@ -1,4 +1,4 @@
-"""Django's internals behind one gate (SPEC §10): its ORM compiler, its request's body
+"""Django's internals behind one gate (docs/design/adapters.md): its ORM compiler, its request's body
 internals and its transaction state.
 
 Tested range: Django 5.2 to 6.1 (`Django>=5.2,<6.2`, the legs of the matrix in `noxfile.py`).
@@ -72,7 +72,7 @@ from django.db import connections, transaction
 from django.http import RawPostDataException
 from django.utils.inspect import func_supports_parameter
 
-from . import internals
+from exactly_once.internals import internals
 
 INTERNALS = internals("django", "Django", "5.2", "6.2")
 

@@ -1,4 +1,4 @@
-"""Django REST framework's internals behind one gate (SPEC §10): its forced authentication.
+"""Django REST framework's internals behind one gate (docs/design/adapters.md): its forced authentication.
 
 Tested range: djangorestframework 3.15.1 to 3.18 (`djangorestframework>=3.15.1,<3.19`). Within it,
 and unless `EXACTLY_ONCE_INTERNALS=off`, `hand_over_authentication` takes its fast path;
@@ -6,7 +6,7 @@ otherwise its fallback. The path is decided once, when this module is imported (
 
 - `hand_over_authentication` (idempotency.scope.authenticate). A keyed request to a DRF view
   is authenticated by the middleware, with the view's own authenticators, before its key may
-  replay anything (SPEC §4, §15). Internals: the request's `_force_auth_user` and
+  replay anything (docs/howto/idempotent-views.md, Replays and authentication). Internals: the request's `_force_auth_user` and
   `_force_auth_token`, which DRF's Request reads to replace the view's authenticators with the
   result (the way DRF's test client forces authentication). Why: the view does not
   authenticate a second time, one authentication fewer on every first request (with token
@@ -28,7 +28,7 @@ import rest_framework
 from django.conf import settings
 from django.http import RawPostDataException
 
-from . import internals, release
+from exactly_once.internals import internals, release
 
 INTERNALS = internals("drf", "djangorestframework", "3.15.1", "3.19")
 

@@ -1,4 +1,4 @@
-"""psycopg's internals behind one gate (SPEC §10): its Transformer, to quote SQL literals.
+"""psycopg's internals behind one gate (docs/design/adapters.md): its Transformer, to quote SQL literals.
 
 Tested range: psycopg 3.2 and 3.3 (the gate's range, [3.2, 3.4)). Within it, and unless
 `EXACTLY_ONCE_INTERNALS=off`, `literals` takes its fast path; otherwise its fallback, on
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from . import internals
+from exactly_once.internals import internals
 
 INTERNALS = internals("psycopg", "psycopg", "3.2", "3.4")
 

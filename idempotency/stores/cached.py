@@ -2,7 +2,7 @@
 the cache without a database query. The cache is filled by the replays the database answers:
 the first replay of a key reads its record (one query, as without the cache) and puts the
 answer in the cache for the next ones, as after a flush, an eviction or the cache being down.
-A first request writes nothing to the cache (SPEC §9: the layer adds the key's lock-and-read
+A first request writes nothing to the cache (docs/reference/idempotency.md: the layer adds the key's lock-and-read
 and the replay check to it, no more). The cache never holds an answer the database has not
 committed (it is read from a committed record), and an entry lives no longer than its record.
 

@@ -1,6 +1,6 @@
 """The cached store's entries: a stored answer as signed JSON bytes, never a pickle.
 
-Whoever can write to Redis must not run code in the web process (SPEC §15): django-redis's
+Whoever can write to Redis must not run code in the web process: django-redis's
 default serializer (and Django's own Redis and memcached backends) unpickle what they read, so
 an entry written there by anyone else would run on the next replay. An entry is
 

@@ -12,7 +12,7 @@ import redis
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-import idempotency.adapters
+import exactly_once.internals
 from eventbus import Event
 from eventbus.adapters import celery as celery_adapter
 from eventbus.adapters import redis as redis_adapter
@@ -302,8 +302,8 @@ def releases():
     decisions taken at import are asked again after."""
     found = dict(IN_RANGE)
     with pytest.MonkeyPatch.context() as patched:
-        patched.delenv(idempotency.adapters.ENVIRONMENT_VARIABLE, raising=False)
-        patched.setattr(idempotency.adapters, "installed", found.get)
+        patched.delenv(exactly_once.internals.ENVIRONMENT_VARIABLE, raising=False)
+        patched.setattr(exactly_once.internals, "installed", found.get)
         yield found
     for decide in DECIDE.values():
         decide()
@@ -323,24 +323,26 @@ def releases():
 )
 def test_the_gate_takes_the_public_api_outside_the_tested_range(releases, distribution, release, adapter):
     assert DECIDE[adapter]()
-    assert idempotency.adapters.adapters_in_use()[adapter] == "internals"
+    assert exactly_once.internals.adapters_in_use()[adapter] == "internals"
     releases[distribution] = release
     assert not DECIDE[adapter]()
-    assert idempotency.adapters.adapters_in_use()[adapter] == "public API"
+    assert exactly_once.internals.adapters_in_use()[adapter] == "public API"
 
 
 def test_the_environment_forces_the_public_api(releases):
     assert redis_adapter.decide() and celery_adapter.decide()
     with pytest.MonkeyPatch.context() as patched:
-        patched.setenv(idempotency.adapters.ENVIRONMENT_VARIABLE, "off")
+        patched.setenv(exactly_once.internals.ENVIRONMENT_VARIABLE, "off")
         assert not redis_adapter.decide() and not celery_adapter.decide()
-    decisions = idempotency.adapters.adapters_in_use()
+    decisions = exactly_once.internals.adapters_in_use()
     assert decisions["eventbus.redis"] == decisions["eventbus.celery"] == "public API"
 
 
 def test_the_path_bound_at_import_is_the_one_decided():
     fast = redis_adapter.INTERNALS
-    assert idempotency.adapters.adapters_in_use()["eventbus.redis"] == ("internals" if fast else "public API")
+    assert exactly_once.internals.adapters_in_use()["eventbus.redis"] == (
+        "internals" if fast else "public API"
+    )
     assert redis_adapter.run_scripts is (redis_adapter._run_internals if fast else redis_adapter._run_public)
     assert redis_adapter.pubsub_for is (
         redis_adapter._tracked_pubsub if fast else redis_adapter._PublicPubSub

@@ -29,6 +29,14 @@ def test_ttls_shorter_than_what_they_guard_are_errors(eventbus_settings_override
         assert sorted(error.id for error in check_ttls()) == expected
 
 
+@pytest.mark.parametrize("lease", [0, -1, "5", None, True])
+def test_a_run_lease_that_is_not_seconds_above_zero_is_an_error(eventbus_settings_override, lease):
+    with eventbus_settings_override(RUN_LEASE_SECONDS=lease):
+        assert [error.id for error in check_ttls()] == ["eventbus.E011"]
+    with eventbus_settings_override(RUN_LEASE_SECONDS=0.5):
+        assert check_ttls() == []
+
+
 def test_the_celery_visibility_timeout_counts(eventbus_settings_override):
     with (
         eventbus_settings_override(),
@@ -111,8 +119,8 @@ def test_stage_retries_that_outwait_the_dedup_keys_are_an_error(eventbus_setting
 def test_a_cluster_needs_a_redis_py_with_asyncio_sharded_pubsub(
     eventbus_settings_override, monkeypatch, cluster, release, expected
 ):
-    import idempotency.adapters
+    import exactly_once.internals
 
-    monkeypatch.setattr(idempotency.adapters, "installed", lambda distribution: release)
+    monkeypatch.setattr(exactly_once.internals, "installed", lambda distribution: release)
     with eventbus_settings_override(CLUSTER=cluster):
         assert [error.id for error in check_cluster_client()] == expected

@@ -12,7 +12,6 @@ from eventbus import runs
 from eventbus.jobtypes import (
     JobType,
     Stage,
-    UnknownDomain,
     UnknownJobType,
     domains,
     job_type,
@@ -132,7 +131,7 @@ def test_domains_and_shard_counts_follow_the_setting_and_registrations(settings)
     settings.EVENTBUS = {**settings.EVENTBUS, "DOMAINS": {"scan": 2, "plain": 3}}
     assert (shard_count("scan"), shard_count("plain")) == (2, 3)
     assert domains() == [*registry(), "plain"]
-    with pytest.raises(UnknownDomain, match="'late'"):
+    with pytest.raises(UnknownJobType, match="'late'"):
         shard_count("late")
     register(declare(name="late", shards=5))
     assert shard_count("late") == 5 and "late" in domains()

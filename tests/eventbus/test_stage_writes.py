@@ -1,4 +1,4 @@
-"""A finished stage costs one database write (SPEC §9): counted, statement by statement, on
+"""A finished stage costs one database write (the README's Measured table): counted, statement by statement, on
 every database the suite runs on. The finish of a stage starts the next in the same statement;
 only the first stage a run works on is started by a write of its own."""
 

@@ -80,6 +80,19 @@ def test_a_run_after_a_crash_republishes_from_the_start_without_copies(redis_cli
 
 
 @pytest.mark.django_db
+def test_the_run_lease_lasts_its_own_setting_on_its_key(redis_client, make_job, eventbus_settings_override):
+    job = make_job()
+    keys = JobKeys(job.domain, str(job.id))
+    assert keys.run_lease == f"{keys.tag}:run-lease:{job.id}"  # the text stored leases carry
+    with eventbus_settings_override(RUN_LEASE_SECONDS=7, STAGE_SECONDS=30):
+        lease = runs.RunLease(job)
+        assert (lease.key, lease.seconds) == (keys.run_lease, 7)
+        assert lease.acquire()
+        assert 6000 < redis_client.pttl(keys.run_lease) <= 7000
+        lease.release()
+
+
+@pytest.mark.django_db
 def test_a_second_run_waits_for_the_lease(redis_client, make_job):
     job = make_job()
     holder = runs.RunLease(job)

@@ -17,8 +17,8 @@ import redis
 from django.core.management import call_command
 
 from config.redis_server import RedisServer
+from eventbus.conf import eventbus_settings
 from eventbus.models import Job
-from eventbus.runs import RunLease
 from tests.processes import Manage, Worker, alive, run_command, wait_for
 
 from .helpers import broker_down, expected_events, job_events, queued_task_ids
@@ -122,7 +122,7 @@ def test_a_pool_process_killed_mid_job_is_requeued_and_run_again(start_worker, b
     [child] = worker.pool_pids()
     kill_mid_job(broker, job_id, lambda: os.kill(child, signal.SIGKILL))
 
-    wait_for_state(job_id, State.COMPLETED, [worker.log], timeout=RunLease.min_seconds + 30)
+    wait_for_state(job_id, State.COMPLETED, [worker.log], timeout=eventbus_settings.RUN_LEASE_SECONDS + 30)
     log = worker.log()
     assert "WorkerLostError" in log, log
     # Requeued at once (reject_on_worker_lost); the dead run's lease made it wait, then it ran.
@@ -247,7 +247,7 @@ def test_a_worker_killed_mid_stage_reruns_only_that_stage_and_its_outside_call_h
     [child] = worker.pool_pids()
     os.kill(child, signal.SIGKILL)
 
-    wait_for_state(job_id, State.COMPLETED, [worker.log], timeout=RunLease.min_seconds + 30)
+    wait_for_state(job_id, State.COMPLETED, [worker.log], timeout=eventbus_settings.RUN_LEASE_SECONDS + 30)
     key = f"{job_id}:second"
     assert lines(log_path) == [
         "first",

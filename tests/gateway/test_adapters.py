@@ -21,10 +21,10 @@ from channels.sessions import InstanceSessionWrapper
 from django import urls
 from websockets.exceptions import InvalidStatus
 
+import exactly_once.internals
 import gateway.asgi
 import gateway.consumers
 import gateway.servers
-import idempotency.adapters
 from gateway.adapters import uvicorn as uvicorn_adapter
 from gateway.adapters.channels import PatternRoutes, ResolvedRoutes
 from gateway.asgi import JobStreamApplication
@@ -44,10 +44,10 @@ RANGES = {"channels": ("4.1", "4.4"), "django": ("5.2", "6.2"), "uvicorn": ("0.4
 def in_range(*distributions: str) -> bool:
     """The installed releases of `distributions` all lie in the ranges their fast paths were tested on."""
     for distribution in distributions:
-        found = idempotency.adapters.installed(distribution)
+        found = exactly_once.internals.installed(distribution)
         lowest, below = RANGES[distribution]
         if found is None or not (
-            idempotency.adapters.release(lowest) <= found < idempotency.adapters.release(below)
+            exactly_once.internals.release(lowest) <= found < exactly_once.internals.release(below)
         ):
             return False
     return True
@@ -59,16 +59,16 @@ def load(monkeypatch):
     the fallbacks forced (PUBLIC) or not (INTERNALS), and with `installed()` answering `releases`
     (distribution -> release tuple, or None: not installed) for the distributions named. What the
     gate records (adapters_in_use) is restored after the test."""
-    monkeypatch.setattr(idempotency.adapters, "_decisions", dict(idempotency.adapters._decisions))
-    real = idempotency.adapters.installed
+    monkeypatch.setattr(exactly_once.internals, "_decisions", dict(exactly_once.internals._decisions))
+    real = exactly_once.internals.installed
 
     def load(name, mode=INTERNALS, **releases):
         if mode == PUBLIC:
-            monkeypatch.setenv(idempotency.adapters.ENVIRONMENT_VARIABLE, "off")
+            monkeypatch.setenv(exactly_once.internals.ENVIRONMENT_VARIABLE, "off")
         else:
-            monkeypatch.delenv(idempotency.adapters.ENVIRONMENT_VARIABLE, raising=False)
+            monkeypatch.delenv(exactly_once.internals.ENVIRONMENT_VARIABLE, raising=False)
         monkeypatch.setattr(
-            idempotency.adapters, "installed", lambda d: releases[d] if d in releases else real(d)
+            exactly_once.internals, "installed", lambda d: releases[d] if d in releases else real(d)
         )
         return fresh_module(name)
 
@@ -308,7 +308,7 @@ def test_a_release_outside_the_range_tested_takes_the_public_api(load, releases)
     assert uvicorn.websocket_protocol is uvicorn.public_protocol
     assert uvicorn.http_protocol is uvicorn.public_http_protocol
     assert (uvicorn.ClientLeft,) == uvicorn.CLIENT_GONE
-    in_use = idempotency.adapters.adapters_in_use()
+    in_use = exactly_once.internals.adapters_in_use()
     assert [in_use[name] for name in (CHANNELS, f"{CHANNELS}.url_patterns", UVICORN)] == ["public API"] * 3
 
 
@@ -331,7 +331,7 @@ def test_each_fast_path_is_taken_where_its_release_was_tested_unless_forced_off(
         assert (channels.Routes is channels.PatternRoutes) == fast[url_patterns]
         assert (uvicorn.websocket_protocol is uvicorn.lean_protocol) == fast[UVICORN]
         assert (uvicorn.http_protocol is uvicorn.head_timeout_protocol) == fast[UVICORN]
-        in_use = idempotency.adapters.adapters_in_use()
+        in_use = exactly_once.internals.adapters_in_use()
         assert {name: in_use[name] for name in fast} == {
             name: "internals" if internals else "public API" for name, internals in fast.items()
         }

@@ -1,4 +1,4 @@
-"""The jobs API contract of SPEC §3."""
+"""The jobs API contract of docs/reference/http-api.md."""
 
 import json
 import uuid

@@ -1,4 +1,4 @@
-"""The jobs API fuzzed from its own schema (SPEC §14): schemathesis reads /api/schema/ from a
+"""The jobs API fuzzed from its own schema (docs/reference/http-api.md): schemathesis reads /api/schema/ from a
 live server of the demo, authenticates with a user's token, and sends every operation valid and
 invalid input (bodies, filters, pages, headers, path parameters). No answer may be a 500, and each
 must be one the schema describes (every check of schemathesis but one, EXCLUDED_CHECKS).

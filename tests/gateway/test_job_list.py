@@ -1,4 +1,4 @@
-"""GET /api/jobs/ (the user's jobs: filters, pages, ownership) and the detail's stages (SPEC §3, §14)."""
+"""GET /api/jobs/ (the user's jobs: filters, pages, ownership) and the detail's stages (docs/reference/http-api.md)."""
 
 from datetime import timedelta
 

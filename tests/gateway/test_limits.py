@@ -1,4 +1,4 @@
-"""Limits on the jobs API (SPEC §14): the per-user cap on running jobs and the "jobs" throttle,
+"""Limits on the jobs API (docs/howto/deploy.md, Limits): the per-user cap on running jobs and the "jobs" throttle,
 each a 429 problem with Retry-After that stores nothing under the request's key."""
 
 import json

@@ -1,4 +1,4 @@
-"""The jobs API's OpenAPI schema (SPEC §14): served at /api/schema/, valid, and accurate about the
+"""The jobs API's OpenAPI schema (docs/reference/http-api.md): served at /api/schema/, valid, and accurate about the
 operations, headers and problem answers of the views it describes; the toolkit works without
 drf-spectacular."""
 

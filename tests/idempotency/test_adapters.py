@@ -23,7 +23,8 @@ from django.test.utils import CaptureQueriesContext
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from idempotency import adapters, authentication, fingerprint, scope
+from exactly_once import internals
+from idempotency import authentication, fingerprint, scope
 from idempotency.adapters import django as django_adapter
 from idempotency.adapters import drf as drf_adapter
 from idempotency.adapters import psycopg as psycopg_adapter
@@ -69,7 +70,7 @@ ADAPTERS = {
 def in_range(name: str) -> bool:
     """Whether the installed release of the adapter's library is one its fast path was tested on."""
     distribution, lowest, below = ADAPTERS[name][1]
-    found = adapters.installed(distribution)
+    found = internals.installed(distribution)
     return found is not None and lowest <= found < below
 
 
@@ -85,8 +86,8 @@ def needs_fast_path(name: str):
 @pytest.fixture
 def gate(monkeypatch):
     """Ask an adapter's gate again with `release` installed: the fresh module copy."""
-    monkeypatch.setattr(adapters, "_decisions", dict(adapters._decisions))
-    monkeypatch.delenv(adapters.ENVIRONMENT_VARIABLE, raising=False)
+    monkeypatch.setattr(internals, "_decisions", dict(internals._decisions))
+    monkeypatch.delenv(internals.ENVIRONMENT_VARIABLE, raising=False)
 
     def ask(name, release):
         module, (distribution, _, _), _ = ADAPTERS[name]
@@ -96,7 +97,7 @@ def gate(monkeypatch):
             asked.append(wanted)
             return release if wanted == distribution else None
 
-        monkeypatch.setattr(adapters, "installed", installed)
+        monkeypatch.setattr(internals, "installed", installed)
         copy = fresh_module(module.__name__)
         assert asked == [distribution]
         return copy
@@ -122,7 +123,7 @@ def test_a_release_outside_the_tested_range_takes_the_fallback(gate, name):
         copy = gate(name, release)
         assert copy.INTERNALS is False, release
         assert bound(copy, name) == dict.fromkeys(functions, "public API")
-        assert adapters.adapters_in_use()[name] == "public API"
+        assert internals.adapters_in_use()[name] == "public API"
 
 
 @pytest.mark.parametrize("name", ADAPTERS)
@@ -134,8 +135,8 @@ def test_a_tested_release_takes_the_fast_path_unless_the_environment_forces_the_
         copy = gate(name, release)
         assert copy.INTERNALS is True, release
         assert bound(copy, name) == dict.fromkeys(functions, "internals")
-        assert adapters.adapters_in_use()[name] == "internals"
-    monkeypatch.setenv(adapters.ENVIRONMENT_VARIABLE, "off")
+        assert internals.adapters_in_use()[name] == "internals"
+    monkeypatch.setenv(internals.ENVIRONMENT_VARIABLE, "off")
     copy = gate(name, lowest)
     assert copy.INTERNALS is False
     assert bound(copy, name) == dict.fromkeys(functions, "public API")
@@ -144,11 +145,11 @@ def test_a_tested_release_takes_the_fast_path_unless_the_environment_forces_the_
 @pytest.mark.parametrize("name", ADAPTERS)
 def test_the_module_in_use_took_the_path_its_gate_gives(name):
     module, _, functions = ADAPTERS[name]
-    gate_allows = in_range(name) and not adapters.forced_off()
+    gate_allows = in_range(name) and not internals.forced_off()
     assert module.INTERNALS is gate_allows
     expected = "internals" if module.INTERNALS else "public API"
     assert bound(module, name) == dict.fromkeys(functions, expected)
-    assert adapters.adapters_in_use()[name] == expected
+    assert internals.adapters_in_use()[name] == expected
 
 
 @pytest.mark.parametrize("name", ["django", "drf"])
@@ -161,7 +162,7 @@ def test_the_gates_are_the_declared_ranges(name):
         d for d in project["dependencies"] if d.split(">")[0].strip().lower() == distribution.lower()
     ]
     floor, ceiling = (part.split(",")[0] for part in declared.split(">=")[1].split("<"))
-    assert (adapters.release(floor), adapters.release(ceiling)) == (lowest, below)
+    assert (internals.release(floor), internals.release(ceiling)) == (lowest, below)
 
 
 # Django: the ORM compiler ------------------------------------------------------------------------

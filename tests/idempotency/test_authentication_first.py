@@ -1,4 +1,4 @@
-"""A keyed request is authenticated before its body is fingerprinted (SPEC §15): an
+"""A keyed request is authenticated before its body is fingerprinted (docs/howto/idempotent-views.md, Replays and authentication): an
 unauthenticated client cannot make the server hash a large body just by adding a key. The view
 refuses it as it would without a key, and nothing is stored.
 

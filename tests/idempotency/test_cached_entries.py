@@ -1,4 +1,4 @@
-"""What the cached store reads back from Redis is data, never code (SPEC §15): a forged,
+"""What the cached store reads back from Redis is data, never code: a forged,
 corrupt, unsigned or misplaced entry is a miss, logged, and the database answers.
 
 These tests write into the real Redis, under the very key the store reads, what someone with

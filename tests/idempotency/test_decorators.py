@@ -154,7 +154,7 @@ def test_contradictory_markers_on_one_view_are_refused_at_import():
 
 
 def test_a_decorator_without_a_scope_is_refused_with_how_to_fix_it():
-    """Keys are scoped (SPEC §15): without a scope a key that comes from a user would replay one
+    """Keys are scoped (docs/reference/idempotency.md): without a scope a key that comes from a user would replay one
     user's result to another, so no scope is not a default but an error, at decoration time."""
     from django.core.exceptions import ImproperlyConfigured
 

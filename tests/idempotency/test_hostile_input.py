@@ -1,4 +1,4 @@
-"""Hostile input never reaches a 500 through the idempotency layer (SPEC §8, §15): bodies nested
+"""Hostile input never reaches a 500 through the idempotency layer (docs/reference/idempotency.md): bodies nested
 far deeper than any parser's recursion limit, NUL characters in keys and in stored answers.
 Run on SQLite and on PostgreSQL, whose text and jsonb columns refuse NUL."""
 
@@ -46,7 +46,7 @@ def test_canonical_body_never_raises_on_depth():
 
 
 def test_a_view_that_refuses_a_deep_body_with_400_leaves_the_key_to_the_corrected_request(client_for, user):
-    """SPEC §4: the view's answer is a 400 (here raised as BadRequest): nothing is kept,
+    """The view's answer is a 400 (here raised as BadRequest): nothing is kept,
     fingerprint included, so the corrected body under the same key runs."""
     client = client_for(user)
     refused = send(client, "/t/parse-json/", deep(), "fix-deep")

@@ -95,7 +95,7 @@ def test_optional_and_exempt_policies(client_for, user, settings):
 
 
 def test_unmarked_html_views_keep_no_answers_by_default_api_views_do(client_for, user):
-    """SPEC §15: the default policy covers API views; a plain Django view (a form, the admin)
+    """The default policy covers API views (docs/howto/idempotent-views.md); a plain Django view (a form, the admin)
     without a marker runs every time, its answer never stored, even with a key."""
     client = client_for(user)
     for _ in range(2):
@@ -204,7 +204,7 @@ def test_final_answers_are_replayed(client_for, user, code):
 )
 @pytest.mark.parametrize("path", ["/t/form/", "/t/form-atomic/"])
 def test_a_retried_post_redirect_get_form_replays_its_redirect(settings, client_for, user, path, store):
-    """SPEC §4: a 3xx is a final answer. The retried form post gets the same redirect, and the
+    """A 3xx is a final answer (docs/reference/idempotency.md). The retried form post gets the same redirect, and the
     view (its row) ran once; the cookie the first answer set is not restored."""
     settings.IDEMPOTENCY = {"STORE": store}
     client = client_for(user)

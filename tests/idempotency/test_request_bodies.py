@@ -9,8 +9,8 @@ from django.test import AsyncClient, Client
 from django.test.client import BOUNDARY, encode_multipart
 
 from eventbus.models import Job
+from exactly_once.internals import installed
 from idempotency.adapters import django as django_adapter
-from idempotency.adapters import installed
 
 from . import views
 

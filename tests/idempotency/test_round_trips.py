@@ -1,5 +1,5 @@
 """What the idempotency layer adds to a first request of an atomic view on PostgreSQL, counted
-(SPEC §9): at most two round trips, the key's lock-and-read and the replay check, with the
+(the README's Measured table): at most two round trips, the key's lock-and-read and the replay check, with the
 answer's INSERT riding on the view's COMMIT. Counted, never timed: PostgreSQL round trips by
 the protocol (libpq's trace: one ReadyForQuery ends each), Redis commands by the server's
 INFO commandstats, for the jobs API's create with the layer and the same view without it."""

@@ -129,7 +129,7 @@ def replay_queries(store) -> int:
 @pytest.mark.redis
 @pytest.mark.django_db(transaction=True)
 def test_a_completed_answer_enters_the_cache_with_its_first_replay():
-    """A first request writes nothing to the cache (SPEC §9: its one Redis command is the
+    """A first request writes nothing to the cache (docs/reference/idempotency.md: its one Redis command is the
     replay check); its first replay reads the record and puts it there for the next ones."""
     store = CachedStore()
     store.complete(acquire(store).lease, ANSWER)

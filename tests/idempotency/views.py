@@ -19,8 +19,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from eventbus.models import Job
+from exactly_once.jsontext import nested_deeper_than
 from idempotency.decorators import idempotency_key
-from idempotency.jsontext import nested_deeper_than
 from tests.postgres import kill_own_backend
 
 CALLS: Counter[str] = Counter()

@@ -61,7 +61,7 @@ trap cleanup EXIT
 #    *.egg-info in the checkout. Build isolation brings the setuptools pyproject.toml asks for.
 mkdir "$WORK/src" "$WORK/smoke" "$WORK/project"
 (cd "$REPO" && tar -c --exclude=__pycache__ --exclude='*.pyc' \
-    pyproject.toml README.md $(ls -d LICENSE* 2>/dev/null) idempotency eventbus gateway) | tar -x -C "$WORK/src"
+    pyproject.toml README.md $(ls -d LICENSE* 2>/dev/null) exactly_once idempotency eventbus gateway) | tar -x -C "$WORK/src"
 say "building the wheel"
 timeout 300 "$PYTHON" -m pip wheel --quiet --no-deps -w "$WORK/dist" "$WORK/src" || fail "building the wheel"
 WHEEL="$(ls "$WORK"/dist/*.whl)"

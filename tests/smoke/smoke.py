@@ -108,7 +108,8 @@ def check_wheel(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     tops = {name.split("/")[0] for name in names if not name.split("/")[0].endswith((".dist-info", ".data"))}
     check(
-        tops == {"idempotency", "eventbus", "gateway"}, f"the wheel's top-level packages are {sorted(tops)}"
+        tops == {"exactly_once", "idempotency", "eventbus", "gateway"},
+        f"the wheel's top-level packages are {sorted(tops)}",
     )
     for required in (
         "eventbus/lua/publish.lua",
@@ -380,7 +381,7 @@ def check_installed_from_wheel() -> None:
     import importlib.util
 
     site = Path(sys.prefix).resolve()
-    for name in ("idempotency", "eventbus", "gateway"):
+    for name in ("exactly_once", "idempotency", "eventbus", "gateway"):
         origin = Path(importlib.util.find_spec(name).origin).resolve()
         check(
             site in origin.parents and "site-packages" in origin.parts,

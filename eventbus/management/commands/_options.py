@@ -8,7 +8,7 @@ from django.core.management.base import CommandError
 from eventbus import metrics
 from eventbus.consolelog import ensure_console
 from eventbus.durability import check_durability
-from eventbus.jobtypes import UnknownDomain
+from eventbus.jobtypes import UnknownJobType
 from eventbus.redis import get_redis
 
 
@@ -42,7 +42,7 @@ def run_worker(build, *, metrics_port: int | None, metrics_addr: str = metrics.L
     ensure_console()
     try:
         worker = build()
-    except UnknownDomain as exc:
+    except UnknownJobType as exc:
         raise CommandError(str(exc)) from None
     check_durability(get_redis(), process=worker.name)
     metrics.serve(metrics_port, metrics_addr)

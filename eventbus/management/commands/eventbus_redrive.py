@@ -8,7 +8,7 @@ non-zero only when nothing could be done: an unknown domain, or Redis not answer
 from django.core.management.base import BaseCommand, CommandError
 from redis.exceptions import RedisError
 
-from eventbus.jobtypes import UnknownDomain
+from eventbus.jobtypes import UnknownJobType
 from eventbus.redrive import redrive
 
 
@@ -25,7 +25,7 @@ class Command(BaseCommand):
     def handle(self, *args, domain, dry_run, **options):
         try:
             letters = redrive(domain, dry_run=dry_run)
-        except UnknownDomain as exc:
+        except UnknownJobType as exc:
             raise CommandError(str(exc)) from None
         except RedisError as exc:
             raise CommandError(f"Redis did not answer: {exc}") from None

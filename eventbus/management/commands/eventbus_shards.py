@@ -3,7 +3,7 @@ from dataclasses import asdict
 
 from django.core.management.base import BaseCommand, CommandError
 
-from eventbus.jobtypes import UnknownDomain
+from eventbus.jobtypes import UnknownJobType
 from eventbus.placement import SlotInDispute, balance, is_balanced, placement, spread
 from eventbus.redis import get_redis, is_cluster
 
@@ -34,7 +34,7 @@ class Command(BaseCommand):
             if balance:
                 self._balance(client, names, dry_run=dry_run)
             places = placement(client, names)
-        except (UnknownDomain, SlotInDispute) as exc:
+        except (UnknownJobType, SlotInDispute) as exc:
             raise CommandError(str(exc)) from None
         masters = sorted(node.name for node in client.get_primaries()) if is_cluster(client) else []
         masters = masters or sorted({place.master for place in places})
