@@ -44,7 +44,7 @@ or list its dotted path in EVENTBUS["JOB_TYPES"].
 
 This module owns the registry, and with it the domains: a domain (the name of a job's streams
 and keys) is a registered type's name or a name in EVENTBUS["DOMAINS"], which also overrides a
-type's `shards`. `domains()` and `shard_count()` answer for the whole bus (eventbus.keys places
+type's `shards`. `domains()` and `shard_count()` answer for the whole bus (eventbus.bus.keys places
 every key by them); what they build is dropped when EVENTBUS changes or a type registers.
 """
 
@@ -59,7 +59,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.utils.module_loading import import_string
 
-from .conf import eventbus_settings
+from eventbus.conf import eventbus_settings
 
 FIRST_SEQ = 10
 DEFAULT_WIDTH = 10
@@ -108,7 +108,7 @@ class UnknownJobType(LookupError, ValueError):
 
 # The bus's former name for the error of a name with no streams, one class with UnknownJobType
 # now: kept so that `from eventbus.jobtypes import UnknownDomain` (CHANGELOG, 0.1's move from
-# eventbus.keys) keeps working. New code says UnknownJobType.
+# eventbus.bus.keys) keeps working. New code says UnknownJobType.
 UnknownDomain = UnknownJobType
 
 
@@ -315,7 +315,7 @@ def domains() -> list[str]:
 
 
 # Shard counts by domain, as the settings and the registry last gave them: every event
-# published or routed asks (eventbus.keys.JobKeys), and walking the settings each time was a
+# published or routed asks (eventbus.bus.keys.JobKeys), and walking the settings each time was a
 # tenth of a publish. Forgotten with the registry.
 _shard_counts: dict[str, int] = {}
 

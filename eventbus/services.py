@@ -10,7 +10,7 @@ resolves it with the default resolver (`-:<pk>`), so a job started by code and o
 under the same key are one job. Both accept the job with idempotency's accept-once (one INSERT
 ... ON CONFLICT DO NOTHING on the UNIQUE (scope, idem_key)) and enqueue its run after the
 transaction commits. A new job (not a replay of its key) must pass the owner's limits first
-(eventbus.limits: the payload's size, the running jobs, the jobs started per period); a job has
+(eventbus.job.limits: the payload's size, the running jobs, the jobs started per period); a job has
 at most one retry (the UNIQUE Job.retry_of).
 """
 
@@ -22,22 +22,22 @@ from datetime import datetime, timedelta
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from eventbus import jobtypes, metrics
+from eventbus.exceptions import JobAlreadyRetried, JobEnded, JobNotRetryable
+from eventbus.job import cancellation, lifecycle, stagerecords
+from eventbus.job.limits import check_creation_cap, check_payload_size, check_running_cap
+from eventbus.jobtypes import InvalidPayload, JobType, UnknownJobType
+from eventbus.models import Job
+from eventbus.selectors import retry_id
 from idempotency.keys import IdemKey
 from idempotency.scope import join_scope
 from idempotency.services import accept_once
-
-from . import cancellation, jobtypes, lifecycle, metrics, stagerecords
-from .exceptions import JobAlreadyRetried, JobEnded, JobNotRetryable
-from .jobtypes import InvalidPayload, JobType, UnknownJobType
-from .limits import check_creation_cap, check_payload_size, check_running_cap
-from .models import Job
-from .selectors import retry_id
 
 logger = logging.getLogger(__name__)
 
 State = Job.State
 # Where jobs started or retried by code keep their keys when they have no owner (the text is
-# stored with each such job: it stays as it was when eventbus.jobs became eventbus.runs).
+# stored with each such job: it stays as it was when eventbus.jobs became eventbus.job.runs).
 OWNERLESS_SCOPE = join_scope("fn", "eventbus.jobs")
 # Where the operator's bulk retries (the admin's action, the retry_jobs command) keep their keys:
 # three parts, where a request's scope joins two (a tenant and a principal, idempotency.scope),
@@ -200,7 +200,7 @@ def _accepted_before(scope: str, idem_key: IdemKey) -> bool:
 
 
 def _check_caps(owner) -> None:
-    """The owner's caps on running jobs and on jobs started per period (eventbus.limits)."""
+    """The owner's caps on running jobs and on jobs started per period (eventbus.job.limits)."""
     if owner is None:
         return
     check_running_cap(owner)
@@ -211,8 +211,8 @@ def _run_is_live(job: Job) -> bool:
     """A run holds the job's lease (when Redis cannot say, assume it does: no extra message)."""
     from redis.exceptions import RedisError
 
-    from .keys import JobKeys
-    from .redis import get_redis
+    from eventbus.bus.keys import JobKeys
+    from eventbus.redis.clients import get_redis
 
     try:
         return bool(get_redis().exists(JobKeys(job.domain, str(job.id)).run_lease))
@@ -221,7 +221,7 @@ def _run_is_live(job: Job) -> bool:
 
 
 def _enqueue(job: Job, *, again: bool = False) -> None:
-    from .tasks import enqueue  # Celery is imported by the worker's side only when used
+    from eventbus.tasks import enqueue  # Celery is imported by the worker's side only when used
 
     enqueue(job, again=again)
 
@@ -229,7 +229,7 @@ def _enqueue(job: Job, *, again: bool = False) -> None:
 def _publish_cancelled(job: Job) -> None:
     """The final event of a job cancelled before it started (best effort, as every final
     event of a job that did not complete)."""
-    from .stages import publish_final
+    from eventbus.job.stages import publish_final
 
     try:
         publish_final(job, jobtypes.job_type(job.domain), State.CANCELLED)

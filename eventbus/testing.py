@@ -11,8 +11,8 @@ assert run.state == "COMPLETED" and run.attempts["fetch"] == 2
 
 from __future__ import annotations
 
-from .jobtypes import FINAL_STAGE, JobCancelled, JobFailed, JobType, job_type
-from .stages import StageContext, describe, final_event_data, run_stage
+from eventbus.job.stages import StageContext, describe, final_event_data, run_stage
+from eventbus.jobtypes import FINAL_STAGE, JobCancelled, JobFailed, JobType, job_type
 
 
 class RunEvents(list):

@@ -45,7 +45,7 @@ from eventbus.selectors import job_outcome, job_to_stream
 
 from . import eager
 from .adapters.channels import frames_send
-from .adapters.uvicorn import reporting_gone
+from .adapters.uvicorn_protocols import reporting_gone
 from .backoff import retrying
 from .conf import gateway_settings
 from .hub import Frame, History, get_hub
@@ -137,7 +137,7 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
         # wrapper (gateway.adapters.channels). That wrapper saves the session on an HTTP response;
         # for a WebSocket frame it does nothing but read the session twice, a fifth of the work per
         # frame under uvicorn. Both are wrapped only where uvicorn's error for a client gone is not
-        # known (gateway.adapters.uvicorn).
+        # known (gateway.adapters.uvicorn_protocols).
         self.base_send = reporting_gone(send)
         self.server_send = reporting_gone(frames_send(send))
         self.channel_layer = None
