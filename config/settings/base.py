@@ -173,7 +173,7 @@ SPECTACULAR_SETTINGS = {
     },
 }
 
-IDEMPOTENCY = {
+IDEMPOTENCY: dict[str, object] = {
     "STORE": "idempotency.stores.cached.CachedStore",
     "CACHE_ALIAS": "default",
 }

@@ -245,6 +245,9 @@ class Stack:
             **topology.env,
             "EVENTBUS_STAGE_SECONDS": str(config.stage_seconds),
             "EVENTBUS_RECOVER_AFTER": "15",  # a job whose run died with Redis is sent again soon
+            # A POST in flight when its daphne is killed holds its key until the lease expires
+            # (on SQLite the lease commits before the view runs): well within a client's 60 s.
+            "IDEMPOTENCY_LEASE_SECONDS": "15",
             "CELERY_VISIBILITY_TIMEOUT": str(config.visibility_timeout),
             "LOG_LEVEL": "INFO",
         }
