@@ -63,12 +63,41 @@ def start_job(
     scope: str | None = None,
     deadline: datetime | timedelta | None = None,
 ) -> tuple[Job, bool]:
-    """The job of this (scope, key), started if new: (job, created). Its payload goes through
-    its type's clean_payload (InvalidPayload); the same key with another type or payload raises
-    IdempotencyKeyMismatch. A new job with a payload over EVENTBUS["MAX_PAYLOAD_BYTES"] raises
-    InvalidPayload; past the owner's running cap, JobLimitReached; past their jobs started per
-    period, JobCreationLimitReached. The run is enqueued once the transaction commits.
-    `deadline`: a datetime, or a timedelta from now."""
+    """The job of this (scope, key), started if new.
+
+    The run is enqueued once the transaction commits.
+
+    Parameters
+    ----------
+    job_type : str or JobType subclass
+        The job's type, by its name or its class.
+    payload : dict
+        The job's input; it goes through its type's clean_payload.
+    key : str or IdemKey
+        The job's idempotency key: once per (scope, key).
+    owner : User
+        Who owns the job.
+    scope : str, optional
+        The key's scope; by default the owner's, as the jobs API resolves it (`-:<pk>`).
+    deadline : datetime or timedelta, optional
+        When the job times out: a datetime, or a timedelta from now.
+
+    Returns
+    -------
+    tuple of (Job, bool)
+        The job, and whether this call created it.
+
+    Raises
+    ------
+    InvalidPayload
+        From the type's clean_payload, or for a new job's payload over
+        EVENTBUS["MAX_PAYLOAD_BYTES"].
+    IdempotencyKeyMismatch
+        For the same key with another type or payload.
+    JobLimitReached
+        Past the owner's running cap.
+    JobCreationLimitReached
+        Past the owner's jobs started per period."""
     job_class = _job_class(job_type)
     if owner is not None and getattr(owner, "pk", None) is None:
         raise ValueError(f"start_job() needs a saved owner (a user with a primary key), not {owner!r}")
@@ -97,10 +126,27 @@ def start_job(
 def cancel_job(job_id) -> Job:
     """Cancel the job: PENDING ends CANCELLED at once, with its final event; RUNNING is asked
     to stop (its stage sees ctx.cancelled, no later stage starts) and its run ends it
-    CANCELLED. Raises JobEnded for an ended job, Job.DoesNotExist for no job.
+    CANCELLED.
 
     Each change is a compare-and-set on the state: a job ending as it is cancelled ends in
-    one state, with one final event (only its run publishes a running job's)."""
+    one state, with one final event (only its run publishes a running job's).
+
+    Parameters
+    ----------
+    job_id
+        The job's id.
+
+    Returns
+    -------
+    Job
+        The job, as it stands after the cancel.
+
+    Raises
+    ------
+    JobEnded
+        For an ended job.
+    Job.DoesNotExist
+        For no job."""
     job = Job.objects.get(pk=job_id)
     while True:
         if job.ended:
@@ -121,12 +167,34 @@ def cancel_job(job_id) -> Job:
 
 def retry_job(job_id, *, key: str | IdemKey, owner=None, scope: str | None = None) -> tuple[Job, bool]:
     """A new job (`retry_of` the old one) that reuses the old job's finished stages and runs
-    from the first unfinished one; its stages keep the retry chain's first job's keys. Once
-    per (scope, key); the scope defaults to the owner's, the owner to the old job's. Raises
-    JobNotRetryable unless the job is FAILED, TIMED_OUT or CANCELLED; JobAlreadyRetried for a
-    new key when the job has a retry already (a job has one: concurrent retries under two keys
-    give one new job and one refusal); the owner's limits as start_job. The old job is left as
-    it is (its state and its stream)."""
+    from the first unfinished one; its stages keep the retry chain's first job's keys. The old
+    job is left as it is (its state and its stream).
+
+    Parameters
+    ----------
+    job_id
+        The old job's id.
+    key : str or IdemKey
+        The retry's idempotency key: once per (scope, key).
+    owner : User, optional
+        The new job's owner; by default the old job's.
+    scope : str, optional
+        The key's scope; by default the owner's.
+
+    Returns
+    -------
+    tuple of (Job, bool)
+        The new job, and whether this call created it.
+
+    Raises
+    ------
+    JobNotRetryable
+        Unless the job is FAILED, TIMED_OUT or CANCELLED.
+    JobAlreadyRetried
+        For a new key when the job has a retry already (a job has one: concurrent retries under
+        two keys give one new job and one refusal).
+    JobLimitReached, JobCreationLimitReached
+        The owner's limits, as start_job."""
     old = Job.objects.get(pk=job_id)
     if old.state not in Job.RETRYABLE_STATES:
         raise JobNotRetryable(old)

@@ -33,7 +33,7 @@ READY = {
     "web": r"Uvicorn running on",
     "worker": r"celery@\S+ ready\.",
     "sweeper": r"Sweeping every",
-    "router": r"eventbus\.router router ",
+    "router": r"eventbus\.bus\.router router ",
     "reclaimer": r"reclaimer: \d+ entries claimed",
 }
 

@@ -46,7 +46,17 @@ class InvalidEvent(ValueError):
 
 
 class OutOfOrderEvent(ValueError):
-    """A new event whose seq is not above the job's last published seq."""
+    """A new event whose seq is not above the job's last published seq.
+
+    Parameters
+    ----------
+    event : Event
+        The event refused (the first, in a batch).
+    last_seq : int
+        The job's last published seq.
+    results : list, optional
+        publish_events: what happened to each event of the batch (None: refused).
+    """
 
     def __init__(self, event: Event, last_seq: int, results: list | None = None):
         self.event, self.last_seq = event, last_seq
@@ -150,7 +160,33 @@ def _publish(batch: list[Event]) -> list:
 
 
 def publish_event(domain: str, job_id: str, stage: str, seq: int, data: Any) -> bool:
-    """Publish one event; True when published, False when it was a duplicate."""
+    """Publish one event.
+
+    Parameters
+    ----------
+    domain : str
+        The job's type (its name, called `domain` on the wire).
+    job_id : str
+        The job's id.
+    stage : str
+        The stage the event belongs to.
+    seq : int
+        The event's seq: above the job's last published one.
+    data : Any
+        The event's data, JSON-serialisable.
+
+    Returns
+    -------
+    bool
+        True when published, False when it was a duplicate.
+
+    Raises
+    ------
+    InvalidEvent
+        When the event cannot be published as given.
+    OutOfOrderEvent
+        When its seq is not above the job's last published seq.
+    """
     try:
         [published] = _publish([Event(domain, job_id, stage, seq, data)])
     except OutOfOrderEvent as exc:
@@ -159,8 +195,29 @@ def publish_event(domain: str, job_id: str, stage: str, seq: int, data: Any) -> 
 
 
 def publish_events(events: Iterable[Event | tuple | Mapping]) -> list[bool]:
-    """Publish many events in one round trip, in their order; a bool per event as publish_event.
+    """Publish many events in one round trip, in their order.
 
+    Parameters
+    ----------
+    events : iterable of Event, tuple or mapping
+        The events, each as publish_event's arguments.
+
+    Returns
+    -------
+    list of bool
+        A bool per event as publish_event: True when published, False for a duplicate.
+
+    Raises
+    ------
+    InvalidEvent
+        Before anything is sent: every event is validated first.
+    OutOfOrderEvent
+        After the batch ran, for an event whose seq is not above the job's last.
+    CorruptKey
+        After the batch ran, for a corrupt key.
+
+    Notes
+    -----
     Every event is validated before anything is sent. A duplicate inside the batch is dropped
     like any other (the scripts run one after the other). An out-of-order event raises
     OutOfOrderEvent after the batch ran; its `results` tell what happened to each event. A

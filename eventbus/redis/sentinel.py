@@ -75,7 +75,18 @@ def _parsed(url: str) -> SentinelURL:
 
 
 def celery_broker(url: str) -> tuple[str, dict]:
-    """(broker_url, transport options to add) for Celery's Redis transport through the sentinels."""
+    """Celery's Redis transport through the sentinels.
+
+    Parameters
+    ----------
+    url : str
+        A redis+sentinel:// URL.
+
+    Returns
+    -------
+    tuple of (str, dict)
+        (broker_url, transport options to add).
+    """
     parsed = _parsed(url)
     auth = f":{parsed.password}@" if parsed.password else ""
     broker = ";".join(f"sentinel://{auth}{host}:{port}/{parsed.db}" for host, port in parsed.sentinels)
@@ -83,7 +94,19 @@ def celery_broker(url: str) -> tuple[str, dict]:
 
 
 def django_redis_cache(url: str, *, key_prefix: str = "") -> dict:
-    """A CACHES entry for django-redis on the master the sentinels name."""
+    """A CACHES entry for django-redis on the master the sentinels name.
+
+    Parameters
+    ----------
+    url : str
+        A redis+sentinel:// URL.
+    key_prefix : str
+        The cache's KEY_PREFIX.
+
+    Returns
+    -------
+    dict
+    """
     parsed = _parsed(url)
     auth = f":{parsed.password}@" if parsed.password else ""
     return {
