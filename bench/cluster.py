@@ -3,14 +3,14 @@
 test.
 
 One run starts two private Redis Clusters side by side (config.redis_server.RedisClusterServers):
-1 master, and 3 masters whose shard tags eventbus.placement.balance() spreads when it exists. The
+1 master, and 3 masters whose shard tags eventbus.redis.placement.balance() spreads when it exists. The
 bus (bench/cluster_settings.py: EVENTBUS["CLUSTER"], domains scan and chat of --shards shards
 each) runs three topologies on them, in this order, each on flushed masters:
 
 - "1 master":  1 router (`manage.py run_router`) for every shard;
 - "3 masters": 3 routers, each given the shards its master owns (`--domains scan:0,chat:3,...`);
 - "3 masters, PUBLISH": the same, the routers publishing by classic PUBLISH, the old behaviour
-  (this script as a wrapper: eventbus.delivery.publish_command patched to "PUBLISH", then
+  (this script as a wrapper: eventbus.bus.delivery.publish_command patched to "PUBLISH", then
   call_command("run_router")), which a cluster copies to every node.
 
 and measures on each, with every Redis node's CPU time from /proc (each thread's run time in ns,
@@ -90,11 +90,13 @@ def wrapped_router(argv: list[str]) -> None:
     django.setup()
     from django.core.management import call_command
 
-    import eventbus.delivery
+    import eventbus.bus.delivery
 
     if "--classic" in flags:
-        assert hasattr(eventbus.delivery, "publish_command"), "eventbus.delivery.publish_command is gone"
-        eventbus.delivery.publish_command = lambda: "PUBLISH"
+        assert hasattr(eventbus.bus.delivery, "publish_command"), (
+            "eventbus.bus.delivery.publish_command is gone"
+        )
+        eventbus.bus.delivery.publish_command = lambda: "PUBLISH"
     call_command("run_router", *args)
 
 
@@ -219,7 +221,7 @@ class Cluster:
     def load_scripts(self) -> None:
         """Every script of the bus on every master, as on a bus that has been running: otherwise the
         first batch of the first phase to call one would run twice (NOSCRIPT, load, again)."""
-        from eventbus import scripts
+        from eventbus.bus import scripts
 
         for script in vars(scripts).values():
             if isinstance(script, scripts.LuaScript):
@@ -227,26 +229,28 @@ class Cluster:
                     client.script_load(script.source)
 
     def balance(self) -> str:
-        """eventbus.placement.balance (being written elsewhere), when it exists."""
+        """eventbus.redis.placement.balance (being written elsewhere), when it exists."""
         try:
-            from eventbus import placement
+            from eventbus.redis import placement
         except ImportError:
-            self.placement = "not balanced (eventbus.placement missing)"
+            self.placement = "not balanced (eventbus.redis.placement missing)"
             return self.placement
         client = self.client()
         try:
             moves = placement.balance(client)
-            self.placement = f"balanced by eventbus.placement.balance ({len(moves)} move(s))"
+            self.placement = f"balanced by eventbus.redis.placement.balance ({len(moves)} move(s))"
         except Exception as exc:  # reported, the bench goes on with the layout it has
-            self.placement = f"not balanced (eventbus.placement.balance failed: {type(exc).__name__}: {exc})"
+            self.placement = (
+                f"not balanced (eventbus.redis.placement.balance failed: {type(exc).__name__}: {exc})"
+            )
         finally:
             client.close()
         return self.placement
 
     def shards(self) -> dict[str, list[str]]:
         """The shards ("domain:shard") each master owns now."""
+        from eventbus.bus.keys import tag
         from eventbus.jobtypes import shard_count
-        from eventbus.keys import tag
 
         client = self.client()
         try:
@@ -314,7 +318,7 @@ def workload(events: int, jobs: int, prefix: str = "job") -> list[tuple]:
 
 def owners(topology: Topology):
     """The master that carries an event: the one owning its job's shard."""
-    from eventbus.keys import JobKeys
+    from eventbus.bus.keys import JobKeys
 
     owner = {shard: name for name, owned in topology.shards.items() for shard in owned}
     shard_of: dict[tuple[str, str], str] = {}
@@ -408,8 +412,8 @@ def idle_rates(others: list[Cluster], before: list[dict[str, float]], seconds: f
 
 def route_phase(topology: Topology, batch: list[tuple], env: dict, log_dir: Path, timeout: float) -> dict:
     """The backlog the publish phase left, drained by real routers in --burst mode."""
-    from eventbus.delivery import streams_for
-    from eventbus.keys import JobKeys
+    from eventbus.bus.delivery import streams_for
+    from eventbus.bus.keys import JobKeys
 
     cluster = topology.cluster
     cluster.reset_stats()
@@ -504,7 +508,7 @@ async def wait_for(predicate, timeout: float, what: str) -> None:
 
 def routers_ready(cluster: Cluster, routers: list[Process]) -> bool:
     """Every router alive, and every shard stream's group has a consumer."""
-    from eventbus.delivery import streams_for
+    from eventbus.bus.delivery import streams_for
 
     for router in routers:
         if not router.alive():
@@ -599,7 +603,7 @@ def check_once(seqs: dict[str, list[int]], expected: dict[str, int]) -> tuple[in
 
 
 async def latency_phase(topology: Topology, ctx: dict, args, jobs: list[str]) -> dict:
-    from eventbus.keys import JobKeys
+    from eventbus.bus.keys import JobKeys
 
     cluster, env, log_dir = topology.cluster, ctx["env"][topology.cluster.url], ctx["log_dir"]
     cluster.flush()
@@ -766,7 +770,7 @@ def render(results: dict, args, info: dict) -> tuple[str, list[str]]:
         f"- {batched}: {args.events:,} events over {args.jobs:,} jobs ({args.events / args.jobs:g} per job), "
         f"`publish_events` calls of {args.batch};",
         "- route: `run_router --burst` subprocesses (manage.py; classic PUBLISH's through this script, "
-        "eventbus.delivery.publish_command patched) drain the backlog of the batched publish (the depth-1 "
+        "eventbus.bus.delivery.publish_command patched) drain the backlog of the batched publish (the depth-1 "
         "one is flushed before it).",
         "",
         f"Placement: 3 masters: {three['placement']}. Shards per master (what the ratios below rest on):",
@@ -861,8 +865,8 @@ def render(results: dict, args, info: dict) -> tuple[str, list[str]]:
     if not any(lookups.values()):
         out.append(
             "COMMAND GETKEYS: none, on any master in any phase: the bus sends each master its script calls "
-            "itself (eventbus.adapters.redis._execute_on_cluster) and the router reads each master's streams in a "
-            "pipeline of its own (eventbus.router._read_cluster), so redis-py's cluster pipeline no longer "
+            "itself (eventbus.redis.internals._execute_on_cluster) and the router reads each master's streams in a "
+            "pipeline of its own (eventbus.bus.router._read_cluster), so redis-py's cluster pipeline no longer "
             "asks a node the keys of every EVALSHA and XREADGROUP."
         )
     else:
@@ -870,7 +874,7 @@ def render(results: dict, args, info: dict) -> tuple[str, list[str]]:
             f"COMMAND GETKEYS: {lookups['publish']:,} at depth 1, {lookups['batched']:,} in {batched}, "
             f"{lookups['route']:,} while routing, where 0 is expected: some calls still went through redis-py's "
             "cluster pipeline (which asks a node the keys of every EVALSHA and XREADGROUP it queues), instead "
-            "of straight to their master (eventbus.adapters.redis._execute_on_cluster, eventbus.router._read_cluster)."
+            "of straight to their master (eventbus.redis.internals._execute_on_cluster, eventbus.bus.router._read_cluster)."
         )
     idle = [rate for t in topologies for phase in ("publish", "batched") for rate in t[phase]["idle"]]
     out += [
@@ -982,7 +986,7 @@ def render(results: dict, args, info: dict) -> tuple[str, list[str]]:
             f"info  {t_name}: publish -> {what} p99 {p99} ms at {args.rate:,}/s "
             f"(the frame target: <= {LATENCY_P99_MS:.0f} ms at 1,000/s with 200 sockets)"
         )
-    from eventbus import router as bus_router
+    from eventbus.bus import router as bus_router
 
     poll_min, poll_max = getattr(bus_router, "CLUSTER_POLL_MIN_MS", None), bus_router.CLUSTER_POLL_MS
     out += [
@@ -991,7 +995,7 @@ def render(results: dict, args, info: dict) -> tuple[str, list[str]]:
         "percentiles). On a cluster a router of several streams cannot block on them (they live in several "
         "slots): it polls, "
         + (f"from {poll_min} ms doubling to " if poll_min else "up to ")
-        + f"{poll_max} ms while nothing comes (eventbus.router; at most --block-ms"
+        + f"{poll_max} ms while nothing comes (eventbus.bus.router; at most --block-ms"
         + (f", {args.router_block_ms} ms in this run" if args.router_block_ms is not None else "")
         + "); a router of one stream blocks on it.",
     ]
@@ -1070,7 +1074,7 @@ BEGIN, END = "<!-- bench:cluster:begin -->", "<!-- bench:cluster:end -->"
 PREAMBLE = """# Redis Cluster benchmark
 
 `bench/cluster.py` (`make bench-cluster`) runs the event bus on two private Redis Clusters, 1 master
-and 3 masters (shards spread by eventbus.placement.balance), and on the 3 masters once more with
+and 3 masters (shards spread by eventbus.redis.placement.balance), and on the 3 masters once more with
 the routers publishing by classic PUBLISH. On each: a publish from one process at depth 1
 (`publish_event`, one event per call: the workers' path) and in batches (`publish_events`), real
 routers (`run_router --burst`) draining the batched backlog, then publish -> WebSocket frame

@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from eventbus.redaction import masked_url
+from eventbus.redis.redaction import masked_url
 
 POSTGRES_SCHEMES = ("postgres", "pgsql")
 

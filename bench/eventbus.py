@@ -80,9 +80,9 @@ def redis_benchmark_command(port: int, n: int, depth: int) -> list[str] | None:
         binary = "/usr/bin/redis-benchmark"
     if not binary:
         return None
-    from eventbus.entries import encode_data, event_head
-    from eventbus.keys import tag
-    from eventbus.scripts import PUBLISH
+    from eventbus.bus.events import encode_data, event_head
+    from eventbus.bus.keys import tag
+    from eventbus.bus.scripts import PUBLISH
 
     t, job = tag("scan", 0), "job-__rand_int____rand_int__"
     data = encode_data(DATA)
@@ -99,7 +99,7 @@ def bench_redis_benchmark(client, port: int, n: int, depth: int) -> tuple[float 
     command = redis_benchmark_command(port, n, depth)
     if command is None:
         return None, "redis-benchmark not found: column skipped"
-    from eventbus.scripts import PUBLISH
+    from eventbus.bus.scripts import PUBLISH
 
     client.flushall()
     client.script_load(PUBLISH.source)
@@ -127,7 +127,7 @@ def bench_router(client, n: int) -> tuple[float, int, float]:
     from django.test.utils import override_settings
 
     from eventbus import publish_events
-    from eventbus.router import Router
+    from eventbus.bus.router import Router
 
     client.flushall()
     batch = events(n, jobs=2000)
@@ -168,7 +168,7 @@ def main() -> None:
         setup_django(server.url)
         import redis
 
-        from eventbus.redis import get_redis
+        from eventbus.redis.clients import get_redis
 
         client = redis.Redis.from_url(server.url)
         get_redis()

@@ -227,7 +227,7 @@ def server_command(server: str, port: int, options: Sequence[str] = ()) -> list[
 
 def wait_router(child: Process, client, timeout: float = 60) -> None:
     """Ready when its group has a consumer on every stream (it has issued XREADGROUP)."""
-    from eventbus.delivery import streams_for
+    from eventbus.bus.delivery import streams_for
 
     keys = [stream.key for stream in streams_for(None)]
     deadline = time.monotonic() + timeout
@@ -445,7 +445,7 @@ async def probe(ctx, sockets: list, jobs: list[str], seq: int, timeout: float = 
     from eventbus import publish_events
 
     server = ctx["server"].pid
-    marker = f'"seq":{seq},'.encode()  # eventbus.entries writes compact JSON
+    marker = f'"seq":{seq},'.encode()  # eventbus.bus.events writes compact JSON
     cpu_before = cpu_seconds(server)
     sent_ns = time.time_ns()
     publish_events([(DOMAIN, job, STAGE, seq, {"t": sent_ns, "probe": seq}) for job in jobs])

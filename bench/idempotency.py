@@ -57,7 +57,7 @@ from bench.procstat import cpu_model
 from bench.report import markdown_table, verdict, write_section
 from bench.stats import median, median_ratio, percentile
 from config.redis_server import free_port
-from eventbus.redaction import masked_url
+from eventbus.redis.redaction import masked_url
 
 DEFAULT_PG = "postgres://postgres@127.0.0.1:5432/test"
 REPORT = ROOT / "bench" / "REPORT-idempotency.md"

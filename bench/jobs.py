@@ -361,7 +361,7 @@ def router_ready(system: System) -> bool:
     """Its group has a consumer on every stream of the bench's job type (it has issued XREADGROUP)."""
     import redis
 
-    from eventbus.delivery import streams_for
+    from eventbus.bus.delivery import streams_for
 
     assert system.redis is not None
     client = redis.Redis(port=system.redis.port)

@@ -241,7 +241,7 @@ class RedisClusterServers:
                 client.execute_command("CLUSTER ADDSLOTS", *range(i * step, end))
             # A config epoch of its own for each node, as redis-cli gives them: left at 0, the
             # nodes settle the collision over the bus a moment later, and a slot moved meanwhile
-            # can end up claimed by no master (eventbus.placement._settle).
+            # can end up claimed by no master (eventbus.redis.placement._settle).
             for epoch, client in enumerate(clients, start=1):
                 client.execute_command("CLUSTER SET-CONFIG-EPOCH", epoch)
             for client in clients[1:]:

@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from eventbus.redaction import masked_url
+from eventbus.redis.redaction import masked_url
 
 if TYPE_CHECKING:
     from config.redis_server import RedisServer

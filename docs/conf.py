@@ -36,8 +36,8 @@ myst_enable_extensions = ["colon_fence"]
 # The reference documents what a user imports, in the order the source declares it.
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
-napoleon_google_docstring = True
-napoleon_numpy_docstring = False
+napoleon_google_docstring = False
+napoleon_numpy_docstring = True
 
 html_theme = "furo"
 html_title = "django-exactly-once"

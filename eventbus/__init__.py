@@ -11,11 +11,11 @@ settings.
 """
 
 _EXPORTS = {
-    "publish_event": "eventbus.publish",
-    "publish_events": "eventbus.publish",
-    "Event": "eventbus.publish",
-    "InvalidEvent": "eventbus.publish",
-    "OutOfOrderEvent": "eventbus.publish",
+    "publish_event": "eventbus.bus.publish",
+    "publish_events": "eventbus.bus.publish",
+    "Event": "eventbus.bus.publish",
+    "InvalidEvent": "eventbus.bus.publish",
+    "OutOfOrderEvent": "eventbus.bus.publish",
     "JobType": "eventbus.jobtypes",
     "Stage": "eventbus.jobtypes",
     "register": "eventbus.jobtypes",
@@ -33,8 +33,8 @@ _EXPORTS = {
     "JobLimitReached": "eventbus.exceptions",
     "JobCreationLimitReached": "eventbus.exceptions",
     "JobAlreadyRetried": "eventbus.exceptions",
-    "celery_broker": "eventbus.sentinel",
-    "django_redis_cache": "eventbus.sentinel",
+    "celery_broker": "eventbus.redis.sentinel",
+    "django_redis_cache": "eventbus.redis.sentinel",
 }
 
 __all__ = list(_EXPORTS)

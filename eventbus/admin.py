@@ -18,10 +18,10 @@ with the view permission. Every permission is the model's own: a user without
 re-run then does its stage again) takes `eventbus.delete_stagerecord`.
 
 Dead letters are not rows but entries of Redis streams, one `{domain:shard}:dead` per shard
-(eventbus.keys). They get the admin the way Django projects give it to data outside the
+(eventbus.bus.keys). They get the admin the way Django projects give it to data outside the
 database: an unmanaged model without a table (eventbus.models.DeadLetter, its migration creating
 none), whose ModelAdmin serves its own list page (get_urls, changelist_view) read through
-eventbus.redrive. So they sit in the admin's index with the other models, and every access goes
+eventbus.bus.redrive. So they sit in the admin's index with the other models, and every access goes
 through model permissions that migrate creates and that groups are given as usual:
 `eventbus.view_deadletter` shows the list (403 without it), and the custom
 `eventbus.redrive_deadletter` (rather than `change`, which would say nothing of what it does)
@@ -47,14 +47,14 @@ from django.utils.html import format_html, format_html_join
 from django.utils.timesince import timesince
 from redis.exceptions import RedisError
 
-from .delivery import streams_for
-from .exceptions import JobAlreadyRetried
-from .jobtypes import domains as all_domains
-from .models import DeadLetter, Job, StageRecord
-from .redis import get_redis
-from .redrive import dead_letters, redrive
-from .selectors import job_stages, latest_event
-from .services import cancel_job, owner_scope, retry_as_operator
+from eventbus.bus.delivery import streams_for
+from eventbus.bus.redrive import dead_letters, redrive
+from eventbus.exceptions import JobAlreadyRetried
+from eventbus.jobtypes import domains as all_domains
+from eventbus.models import DeadLetter, Job, StageRecord
+from eventbus.redis.clients import get_redis
+from eventbus.selectors import job_stages, latest_event
+from eventbus.services import cancel_job, owner_scope, retry_as_operator
 
 REDRIVE_PERMISSION = "redrive_deadletter"
 SHOWN_PER_SHARD = 200
@@ -378,7 +378,7 @@ class StageRecordAdmin(admin.ModelAdmin):
 
 @admin.register(DeadLetter)
 class DeadLetterAdmin(admin.ModelAdmin):
-    """Dead letters: every domain's and shard's, read from Redis (eventbus.redrive), with a
+    """Dead letters: every domain's and shard's, read from Redis (eventbus.bus.redrive), with a
     Redrive button per domain. See the module docstring for why it is built this way."""
 
     def get_urls(self):
@@ -468,6 +468,6 @@ class DeadLetterAdmin(admin.ModelAdmin):
             "dead_at": dead_at,
             "age": timesince(dead_at),
             "malformed": letter.malformed,
-            # What Redis holds, shortened (eventbus.redrive.shortened): the page escapes it.
+            # What Redis holds, shortened (eventbus.bus.redrive.shortened): the page escapes it.
             "raw_fields": letter.raw_fields if letter.malformed else (),
         }

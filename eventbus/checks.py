@@ -8,7 +8,7 @@ from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
 
-from .conf import eventbus_settings
+from eventbus.conf import eventbus_settings
 
 
 def _visibility_timeout() -> float:
@@ -20,8 +20,8 @@ def _visibility_timeout() -> float:
 def check_redis_url(app_configs=None, **kwargs):
     """A redis+sentinel:// URL the bus cannot read, or one given with EVENTBUS['CLUSTER'];
     WAIT_REPLICAS that is not a count, or given with a cluster."""
-    from .redis import sentinel_url
-    from .sentinel import BadSentinelURL
+    from eventbus.redis.clients import sentinel_url
+    from eventbus.redis.sentinel import BadSentinelURL
 
     try:
         sentinel_url()
@@ -45,7 +45,7 @@ def check_redis_url(app_configs=None, **kwargs):
 
 @register()
 def check_job_types(app_configs=None, **kwargs):
-    from .jobtypes import registry
+    from eventbus.jobtypes import registry
 
     try:
         registry()
@@ -63,7 +63,7 @@ def longest_retry_wait(stage) -> float:
 def check_stage_retries(app_configs=None, **kwargs):
     """A stage whose retries wait longer than DEDUP_TTL: its retried attempt republishes its
     events' seqs after their dedup keys expired, and the bus refuses them (out of order)."""
-    from .jobtypes import registry
+    from eventbus.jobtypes import registry
 
     try:
         types = registry()
@@ -168,7 +168,7 @@ def check_cluster_client(app_configs=None, **kwargs):
 def check_passwords_in_error_reports(app_configs=None, **kwargs):
     """A setting holding a URL with its password (REDIS_URL, CACHES...) that error reports (the
     DEBUG page, the e-mails to ADMINS) would show: the exception reporter filter in use keeps it."""
-    from .reporting import settings_showing_passwords
+    from eventbus.reporting import settings_showing_passwords
 
     try:
         shown = settings_showing_passwords()

@@ -10,7 +10,7 @@ DEFAULTS: dict[str, object] = {
     # (events published with publish_event directly). A job's shard is md5(job_id) mod the count.
     "DOMAINS": {},
     # The bus's Redis (streams, state, history, job channels). None: the project's REDIS_URL
-    # setting, else redis://127.0.0.1:6379/0 (eventbus.redis.redis_url).
+    # setting, else redis://127.0.0.1:6379/0 (eventbus.redis.clients.redis_url).
     "REDIS_URL": None,
     # Redis Cluster client instead of a single server (REDIS_URL names any node).
     "CLUSTER": False,
@@ -35,10 +35,10 @@ DEFAULTS: dict[str, object] = {
     "MAX_DELIVERIES": 5,  # deliveries of an entry before the reclaimer dead-letters it
     "RECLAIM_CONSUMER": "reclaimer",
     # Seconds without a sign of life (no run lease, no stage started or finished, no message
-    # sent) after which an unfinished job is enqueued again (eventbus.recovery).
+    # sent) after which an unfinished job is enqueued again (eventbus.job.recovery).
     "RECOVER_AFTER": 300,
     # What a process does when, as it starts, it finds Redis without persistence or with an
-    # evicting maxmemory-policy: "warn", "refuse" (exit), or "ignore" (eventbus.durability).
+    # evicting maxmemory-policy: "warn", "refuse" (exit), or "ignore" (eventbus.redis.durability).
     "REDIS_DURABILITY": "warn",
     # Replicas that must have every published event before publish_event returns (Redis WAIT on
     # the publisher's connection, up to WAIT_TIMEOUT_MS): a failover to a replica then cannot
@@ -47,9 +47,9 @@ DEFAULTS: dict[str, object] = {
     "WAIT_REPLICAS": None,
     "WAIT_TIMEOUT_MS": 500,  # below the Sentinel clients' 1 s socket timeout
     # Seconds an ended job (COMPLETED, FAILED, TIMED_OUT...) is kept after it ended, with its stage
-    # records; `cleanup_jobs` deletes older ones (eventbus.retention). None: kept for ever.
+    # records; `cleanup_jobs` deletes older ones (eventbus.job.retention). None: kept for ever.
     "KEEP_ENDED_JOBS": 30 * 24 * 3600,
-    # Jobs one user may have PENDING or RUNNING at once (eventbus.limits.check_running_cap): the
+    # Jobs one user may have PENDING or RUNNING at once (eventbus.job.limits.check_running_cap): the
     # jobs API answers one more with a 429 problem and Retry-After. None: no cap.
     "MAX_RUNNING_JOBS_PER_USER": 20,
     # The Retry-After (seconds) of that 429: about how long a job of yours takes to end.
@@ -58,11 +58,11 @@ DEFAULTS: dict[str, object] = {
     # start_job (InvalidPayload; the jobs API answers 400). None: no limit.
     "MAX_PAYLOAD_BYTES": 64 * 1024,
     # Jobs one user may start (retries included) per JOBS_CREATED_PERIOD seconds, counted from
-    # the database (eventbus.limits.check_creation_cap): the jobs API answers one more with a
+    # the database (eventbus.job.limits.check_creation_cap): the jobs API answers one more with a
     # 429 problem and Retry-After. A replay of a key is never refused. None: no limit.
     "MAX_JOBS_CREATED_PER_USER": 1000,
     "JOBS_CREATED_PERIOD": 3600,
-    # Seconds a job's run lease (one run of a job at a time, eventbus.runs) lasts unless renewed:
+    # Seconds a job's run lease (one run of a job at a time, eventbus.job.runs) lasts unless renewed:
     # how long a job whose worker died waits before another run may take it over. Its run renews
     # it after every event and every third of it while a stage runs.
     "RUN_LEASE_SECONDS": 5,

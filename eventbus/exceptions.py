@@ -15,7 +15,13 @@ class JobServiceError(Exception):
 
 
 class JobEnded(JobServiceError):
-    """cancel_job() of a job that has ended (COMPLETED, FAILED, TIMED_OUT or CANCELLED)."""
+    """cancel_job() of a job that has ended (COMPLETED, FAILED, TIMED_OUT or CANCELLED).
+
+    Parameters
+    ----------
+    job : Job
+        The job.
+    """
 
     status = 409
     title = "The job has ended"
@@ -27,7 +33,13 @@ class JobEnded(JobServiceError):
 
 
 class JobNotRetryable(JobServiceError):
-    """retry_job() of a job that is not FAILED, TIMED_OUT or CANCELLED."""
+    """retry_job() of a job that is not FAILED, TIMED_OUT or CANCELLED.
+
+    Parameters
+    ----------
+    job : Job
+        The job.
+    """
 
     status = 409
     title = "The job cannot be retried"
@@ -41,7 +53,15 @@ class JobNotRetryable(JobServiceError):
 
 
 class JobAlreadyRetried(JobServiceError):
-    """retry_job() with a new key of a job retried before: a job has at most one retry."""
+    """retry_job() with a new key of a job retried before: a job has at most one retry.
+
+    Parameters
+    ----------
+    job : Job
+        The job.
+    retried_by
+        The id of its retry's job.
+    """
 
     status = 409
     title = "The job was retried already"
@@ -58,7 +78,15 @@ class JobAlreadyRetried(JobServiceError):
 
 
 class JobLimitReached(JobServiceError):
-    """The owner has as many running jobs as they may (EVENTBUS["MAX_RUNNING_JOBS_PER_USER"])."""
+    """The owner has as many running jobs as they may (EVENTBUS["MAX_RUNNING_JOBS_PER_USER"]).
+
+    Parameters
+    ----------
+    retry_after : int
+        The seconds the client waits before it retries (its Retry-After).
+    message : str
+        The detail; by default one that names retry_after.
+    """
 
     status = 429
     title = "Too many running jobs"

@@ -44,7 +44,7 @@ or list its dotted path in EVENTBUS["JOB_TYPES"].
 
 This module owns the registry, and with it the domains: a domain (the name of a job's streams
 and keys) is a registered type's name or a name in EVENTBUS["DOMAINS"], which also overrides a
-type's `shards`. `domains()` and `shard_count()` answer for the whole bus (eventbus.keys places
+type's `shards`. `domains()` and `shard_count()` answer for the whole bus (eventbus.bus.keys places
 every key by them); what they build is dropped when EVENTBUS changes or a type registers.
 """
 
@@ -59,7 +59,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.utils.module_loading import import_string
 
-from .conf import eventbus_settings
+from eventbus.conf import eventbus_settings
 
 FIRST_SEQ = 10
 DEFAULT_WIDTH = 10
@@ -70,7 +70,13 @@ FINAL_STAGE = "done"
 
 class InvalidPayload(ValueError):
     """A job's payload refused by its type's `clean_payload`: the jobs API answers 400 with
-    `errors` (a message, or a dict of field -> message)."""
+    `errors`.
+
+    Parameters
+    ----------
+    errors : str or dict
+        A message, or a dict of field -> message.
+    """
 
     def __init__(self, errors):
         super().__init__(errors)
@@ -81,7 +87,15 @@ class JobFailed(Exception):
     """Raised by a stage to end the job FAILED, with `reason` as the message of its error (the
     job's detail and final event: `{"stage", "type": "JobFailed", "message": reason}`) and `data`
     in its final event. Any other exception fails the job too (its type and message), except
-    Redis or database errors, which are retried."""
+    Redis or database errors, which are retried.
+
+    Parameters
+    ----------
+    reason : str
+        The message of the job's error.
+    **data
+        The data of its final event.
+    """
 
     def __init__(self, reason: str, **data):
         super().__init__(reason)
@@ -108,7 +122,7 @@ class UnknownJobType(LookupError, ValueError):
 
 # The bus's former name for the error of a name with no streams, one class with UnknownJobType
 # now: kept so that `from eventbus.jobtypes import UnknownDomain` (CHANGELOG, 0.1's move from
-# eventbus.keys) keeps working. New code says UnknownJobType.
+# eventbus.bus.keys) keeps working. New code says UnknownJobType.
 UnknownDomain = UnknownJobType
 
 
@@ -118,6 +132,34 @@ NEVER_RETRIED: tuple[type[BaseException], ...] = (JobFailed, JobCancelled)
 
 @dataclass(frozen=True)
 class Stage:
+    """A stage of a job type: a method of the type, named after the stage, runs its work.
+
+    Parameters
+    ----------
+    name : str
+        The stage's name: an identifier, the name of its method.
+    label : str
+        Its label (by default its name capitalised, "_" read as a space).
+    first_seq : int, optional
+        The stage's first seq; None: right after the previous stage's range.
+    width : int
+        How many events the stage may report (its seq range), at least 1.
+    retries : int
+        How many more times a failed attempt runs again (0).
+    retry_on : exception class or tuple of them
+        The failures retried (a StageTimeout always is); by default any Exception.
+    backoff : float
+        Seconds before the first retry: a retry waits backoff * 2**(attempt - 1) seconds, +-20 %.
+    timeout : float, optional
+        Seconds an attempt may take (None: no limit); past it the attempt fails with
+        StageTimeout.
+
+    Raises
+    ------
+    django.core.exceptions.ImproperlyConfigured
+        For a value out of these bounds.
+    """
+
     name: str
     label: str = ""
     # The stage's first seq; None: right after the previous stage's range.
@@ -151,14 +193,36 @@ class Stage:
             raise ImproperlyConfigured(f"Stage {self.name!r}: timeout must be a number of seconds > 0.")
 
     def retryable(self, exc: BaseException, attempt: int) -> bool:
-        """Whether a failure of attempt `attempt` (1, 2...) runs the stage again."""
+        """Whether a failure of attempt `attempt` (1, 2...) runs the stage again.
+
+        Parameters
+        ----------
+        exc : BaseException
+            The attempt's failure.
+        attempt : int
+            The attempt's number, from 1.
+
+        Returns
+        -------
+        bool
+        """
         if attempt > self.retries or isinstance(exc, NEVER_RETRIED):
             return False
         return isinstance(exc, (StageTimeout, *self.retry_on))
 
     def retry_delay(self, attempt: int) -> float:
         """Seconds before the attempt after `attempt`: exponential, with +-20 % jitter so that
-        the jobs a shared outage failed together do not come back together."""
+        the jobs a shared outage failed together do not come back together.
+
+        Parameters
+        ----------
+        attempt : int
+            The failed attempt's number, from 1.
+
+        Returns
+        -------
+        float
+        """
         return self.backoff * 2 ** (attempt - 1) * random.uniform(0.8, 1.2)
 
 
@@ -206,11 +270,37 @@ class JobType:
     example_payload: ClassVar[dict] = {}
 
     def clean_payload(self, payload: dict) -> dict:
-        """The payload to accept, or raise InvalidPayload. Default: any JSON object."""
+        """The payload to accept. Default: any JSON object.
+
+        Parameters
+        ----------
+        payload : dict
+            The payload as given.
+
+        Returns
+        -------
+        dict
+            The payload to accept.
+
+        Raises
+        ------
+        InvalidPayload
+            For a payload to refuse (the jobs API answers 400).
+        """
         return payload
 
     def outcome(self, results: dict[str, Any]) -> dict:
-        """Data for the final event of a completed job, from each stage's result."""
+        """Data for the final event of a completed job, from each stage's result.
+
+        Parameters
+        ----------
+        results : dict
+            Each stage's result, by the stage's name.
+
+        Returns
+        -------
+        dict
+        """
         return {}
 
     # -- what the toolkit derives from the declaration ------------------------------------
@@ -227,6 +317,17 @@ class JobType:
         return max(MIN_FINAL_SEQ, -(-end // 10) * 10 + 1)
 
     def work_of(self, stage: Stage) -> Callable:
+        """The method that runs a stage's work: the one named after it.
+
+        Parameters
+        ----------
+        stage : Stage
+            One of the type's stages.
+
+        Returns
+        -------
+        callable
+        """
         return getattr(self, stage.name)
 
 
@@ -282,7 +383,18 @@ def _add(types: dict[str, type[JobType]], job_type: type[JobType]) -> None:
 
 
 def register(job_type: type[JobType]) -> type[JobType]:
-    """Class decorator: make `job_type` runnable and accepted by the jobs API."""
+    """Class decorator: make `job_type` runnable and accepted by the jobs API.
+
+    Parameters
+    ----------
+    job_type : JobType subclass
+        The type to register.
+
+    Returns
+    -------
+    JobType subclass
+        `job_type` itself.
+    """
     # Checked against the settings' types when the registry is built: building it here would
     # import EVENTBUS["JOB_TYPES"], which may name the module being imported right now.
     _add(_DECORATED, job_type)
@@ -315,7 +427,7 @@ def domains() -> list[str]:
 
 
 # Shard counts by domain, as the settings and the registry last gave them: every event
-# published or routed asks (eventbus.keys.JobKeys), and walking the settings each time was a
+# published or routed asks (eventbus.bus.keys.JobKeys), and walking the settings each time was a
 # tenth of a publish. Forgotten with the registry.
 _shard_counts: dict[str, int] = {}
 

@@ -73,9 +73,9 @@ RECLAIM_LATENCY = Histogram(
 
 # -- jobs and stages ----------------------------------------------------------------------------
 #
-# Counted where the change happens, once: a job's end in eventbus.lifecycle (a compare-and-set, so
+# Counted where the change happens, once: a job's end in eventbus.job.lifecycle (a compare-and-set, so
 # a task delivered twice or a cancel racing the run counts one end), a stage's attempt in
-# eventbus.stages, a job retry in eventbus.services.retry_job. Labels are bounded: the domain is a
+# eventbus.job.stages, a job retry in eventbus.services.retry_job. Labels are bounded: the domain is a
 # registered job type's name, the stage a declared stage's, the outcome one of a few words; never a
 # job id or a user.
 #
@@ -175,8 +175,8 @@ class JobsInFlight:
         from django.db import DatabaseError
         from django.db.models import Count
 
-        from .jobtypes import registry
-        from .models import Job
+        from eventbus.jobtypes import registry
+        from eventbus.models import Job
 
         State = Job.State
         try:

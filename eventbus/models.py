@@ -3,7 +3,7 @@ stand-in for the admin.
 
 A Job is accepted once per (scope, Idempotency-Key) by idempotency's generic accept-once
 (idempotency.services.accept_once, used by eventbus.services), changes state only in
-eventbus.lifecycle, and is read through eventbus.selectors.
+eventbus.job.lifecycle, and is read through eventbus.selectors.
 """
 
 import uuid
@@ -15,7 +15,7 @@ from django.utils import timezone
 
 
 class Job(models.Model):
-    """An accepted job: exactly one per (scope, Idempotency-Key). Its run (eventbus.runs) works
+    """An accepted job: exactly one per (scope, Idempotency-Key). Its run (eventbus.job.runs) works
     through the stages its type (`domain`) declares, recorded in StageRecord."""
 
     class State(models.TextChoices):
@@ -28,7 +28,7 @@ class Job(models.Model):
 
     # Not ended yet: what the running cap counts and the recovery watches.
     UNFINISHED_STATES = (State.PENDING, State.RUNNING)
-    # Never left once reached (eventbus.lifecycle): the job has ended.
+    # Never left once reached (eventbus.job.lifecycle): the job has ended.
     FINAL_STATES = (State.COMPLETED, State.FAILED, State.TIMED_OUT, State.CANCELLED)
     # What retry_job takes: the jobs that did not complete.
     RETRYABLE_STATES = (State.FAILED, State.TIMED_OUT, State.CANCELLED)
@@ -94,13 +94,13 @@ class StageRecord(models.Model):
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="stage_records")
     stage = models.CharField(max_length=64)
     attempts = models.PositiveIntegerField(default=0, help_text="runs that started this stage")
-    # The stage's result in its JSON form (eventbus.stages.recorded).
+    # The stage's result in its JSON form (eventbus.job.stages.recorded).
     result = models.JSONField(null=True, blank=True, encoder=DjangoJSONEncoder)
     # [[stage, seq, data], ...] in the order they were published (data as the bus encodes it).
     events = models.JSONField(default=list, blank=True, encoder=DjangoJSONEncoder)
     started_at = models.DateTimeField(default=timezone.now)
     finished_at = models.DateTimeField(null=True, blank=True)
-    # The last failure of an attempt of the stage (eventbus.stages.describe), until an attempt
+    # The last failure of an attempt of the stage (eventbus.job.stages.describe), until an attempt
     # finishes it: its type and message are the job's error as its owner sees it; the traceback
     # is for staff (the admin).
     error_type = models.CharField(max_length=200, null=True, blank=True)
@@ -144,7 +144,7 @@ class StageRecord(models.Model):
 
 class DeadLetter(models.Model):
     """No table: dead letters are entries of Redis streams (`{domain:shard}:dead`, read by
-    eventbus.redrive). The model exists for the admin (eventbus.admin lists them) and for its
+    eventbus.bus.redrive). The model exists for the admin (eventbus.admin lists them) and for its
     permissions, which migrate creates as for any model: `view_deadletter` shows them, and
     `redrive_deadletter` puts them back on their streams. Never query it."""
 

@@ -5,7 +5,7 @@ hub and its WebSocket consumers) listens there, and catches up from the job's hi
 (`eventbus.selectors.read_backfills`) after a gap or a reconnection. What it needs of the bus
 is here, each a thin public function or name over the bus's own modules: the asyncio clients it
 subscribes and reads with, a pub/sub that tells of reconnections, the cluster's slot map read
-again, the durability check at start, the job's channel name (from `eventbus.keys`, where every
+again, the durability check at start, the job's channel name (from `eventbus.bus.keys`, where every
 key is named), the highest seq an event may carry, and how long Redis keeps a job's events. A
 subscriber imports these and nothing else of the bus's Redis plumbing, so that plumbing can move
 without it.
@@ -16,12 +16,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .adapters import redis as _adapter
-from .conf import eventbus_settings
-from .durability import check_durability as _check_durability
-from .entries import MAX_SEQ, MAX_SEQ_DIGITS
-from .keys import JobKeys
-from .redis import get_redis, make_async_node_client, make_async_read_client, make_async_redis
+from eventbus.bus.events import MAX_SEQ, MAX_SEQ_DIGITS
+from eventbus.bus.keys import JobKeys
+from eventbus.conf import eventbus_settings
+from eventbus.redis import internals as _adapter
+from eventbus.redis.clients import get_redis, make_async_node_client, make_async_read_client, make_async_redis
+from eventbus.redis.durability import check_durability as _check_durability
 
 __all__ = [
     "MAX_SEQ",
@@ -113,7 +113,7 @@ async def refresh_slot_map(client) -> None:
 
 
 def check_durability(*, process: str) -> list[str]:
-    """Check the bus's Redis once at a subscriber's start (eventbus.durability): the problems
+    """Check the bus's Redis once at a subscriber's start (eventbus.redis.durability): the problems
     found, logged as warnings, or ImproperlyConfigured when EVENTBUS["REDIS_DURABILITY"] is
     "refuse". Blocking: run it off the event loop.
 

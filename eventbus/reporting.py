@@ -9,7 +9,7 @@ the error e-mails to ADMINS then show to whoever sees them. In the project's set
 
     DEFAULT_EXCEPTION_REPORTER_FILTER = "eventbus.reporting.SafeExceptionReporterFilter"
 
-It lives in the event bus, next to the one URL masker (eventbus.redaction.masked_url): the
+It lives in the event bus, next to the one URL masker (eventbus.redis.redaction.masked_url): the
 URLs it hides are the bus's Redis, its broker's and its cache's. The check eventbus.W001 warns
 when a setting holds a URL whose password the filter in use would show.
 """
@@ -20,7 +20,7 @@ import re
 
 from django.views import debug
 
-from .redaction import masked_url
+from eventbus.redis.redaction import masked_url
 
 # A string that is one URL (or kombu's list of them, joined by ";"), or carries a ?password=.
 _URL = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://\S*")
@@ -28,7 +28,7 @@ _QUERY_PASSWORD = re.compile(r"[?&](?:password|passwd|pwd)=", re.IGNORECASE)
 
 
 def masked_secrets(text: str) -> str:
-    """`text` with its URL's password masked (eventbus.redaction.masked_url), when it is a URL;
+    """`text` with its URL's password masked (eventbus.redis.redaction.masked_url), when it is a URL;
     any other text as it is."""
     if _URL.fullmatch(text) or _QUERY_PASSWORD.search(text):
         return masked_url(text)

@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING
 
 from redis.exceptions import RedisError
 
-from .jobtypes import UnknownJobType
-from .keys import JobKeys
-from .redis import get_redis
+from eventbus.bus.keys import JobKeys
+from eventbus.jobtypes import UnknownJobType
+from eventbus.redis.clients import get_redis
 
 if TYPE_CHECKING:
-    from .models import Job, StageRecord
+    from eventbus.models import Job, StageRecord
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ STATES_BATCH = 500  # ids per query (job_states): well under any database's limi
 
 def visible_jobs(user):
     """A user sees their own jobs; a user with the job model's view permission sees every job."""
-    from .models import Job
+    from eventbus.models import Job
 
     if not user.is_authenticated:
         return Job.objects.none()
@@ -55,14 +55,14 @@ def with_retried_by(jobs):
     in the same query (a subquery on the UNIQUE retry_of), not one more per job."""
     from django.db.models import OuterRef, Subquery
 
-    from .models import Job
+    from eventbus.models import Job
 
     return jobs.annotate(retried_by=Subquery(Job.objects.filter(retry_of=OuterRef("pk")).values("pk")[:1]))
 
 
 def retry_id(job):
     """The id of the job's retry, or None (a job has at most one)."""
-    from .models import Job
+    from eventbus.models import Job
 
     return Job.objects.filter(retry_of=job).values_list("pk", flat=True).first()
 
@@ -87,14 +87,14 @@ def job_to_stream(user, job_id) -> Job | None:
 
 def job_outcome(job_id) -> Job:
     """The job's state and type, read again (Job.DoesNotExist when it was deleted)."""
-    from .models import Job
+    from eventbus.models import Job
 
     return Job.objects.only("state", "domain").get(pk=job_id)
 
 
 def job_states(job_ids: list) -> dict:
     """{job id: state} of the jobs that exist among `job_ids` (one query per 500 of them)."""
-    from .models import Job
+    from eventbus.models import Job
 
     found: dict = {}
     for start in range(0, len(job_ids), STATES_BATCH):
@@ -107,7 +107,7 @@ def job_states(job_ids: list) -> dict:
 def jobs_to_retry(*, states=("FAILED",), domain: str | None = None, since: datetime | None = None):
     """Jobs that ended in one of `states` (of `domain`; ended since `since`) and have no retry
     yet, oldest first: what the retry_jobs command retries."""
-    from .models import Job
+    from eventbus.models import Job
 
     states = tuple(states)
     not_retryable = set(states) - set(Job.RETRYABLE_STATES)
@@ -124,7 +124,7 @@ def jobs_to_retry(*, states=("FAILED",), domain: str | None = None, since: datet
 def job_stage_records(job) -> list[StageRecord]:
     """The job's stage records, in one query (results, events and tracebacks, the large parts,
     are not read)."""
-    from .models import StageRecord
+    from eventbus.models import StageRecord
 
     return list(StageRecord.objects.filter(job=job).defer("result", "events", "error_traceback"))
 
@@ -288,7 +288,7 @@ def job_error(job, latest: dict | None, records) -> dict | None:
     records : list of StageRecord
         Its stage records (job_stage_records()), read once by the caller.
     """
-    from .models import Job
+    from eventbus.models import Job
 
     if job.state != Job.State.FAILED:
         return None
@@ -308,7 +308,7 @@ def job_error(job, latest: dict | None, records) -> dict | None:
 
 def recorded_failure(records) -> dict | None:
     """The failure kept on the job's unfinished stage that failed last ({"stage", "type",
-    "message"}, as eventbus.stages.describe records it), or None; `records` are the job's stage
+    "message"}, as eventbus.job.stages.describe records it), or None; `records` are the job's stage
     records, as the caller read them already."""
     failed = [r for r in records if r.finished_at is None and r.error_type is not None]
     if not failed:
@@ -347,7 +347,7 @@ def _stage_error(record) -> dict | None:
 def job_stages(job, records=None) -> list[StageRow]:
     """Every stage of the job: its type's declared stages in order, each with its record (or
     PENDING), then the records of stages the type does not declare, by when they started."""
-    from .jobtypes import UnknownJobType, job_type
+    from eventbus.jobtypes import UnknownJobType, job_type
 
     if records is None:
         records = list(job.stage_records.all())

@@ -10,7 +10,7 @@ resolves it with the default resolver (`-:<pk>`), so a job started by code and o
 under the same key are one job. Both accept the job with idempotency's accept-once (one INSERT
 ... ON CONFLICT DO NOTHING on the UNIQUE (scope, idem_key)) and enqueue its run after the
 transaction commits. A new job (not a replay of its key) must pass the owner's limits first
-(eventbus.limits: the payload's size, the running jobs, the jobs started per period); a job has
+(eventbus.job.limits: the payload's size, the running jobs, the jobs started per period); a job has
 at most one retry (the UNIQUE Job.retry_of).
 """
 
@@ -22,22 +22,22 @@ from datetime import datetime, timedelta
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from eventbus import jobtypes, metrics
+from eventbus.exceptions import JobAlreadyRetried, JobEnded, JobNotRetryable
+from eventbus.job import cancellation, lifecycle, stagerecords
+from eventbus.job.limits import check_creation_cap, check_payload_size, check_running_cap
+from eventbus.jobtypes import InvalidPayload, JobType, UnknownJobType
+from eventbus.models import Job
+from eventbus.selectors import retry_id
 from idempotency.keys import IdemKey
 from idempotency.scope import join_scope
 from idempotency.services import accept_once
-
-from . import cancellation, jobtypes, lifecycle, metrics, stagerecords
-from .exceptions import JobAlreadyRetried, JobEnded, JobNotRetryable
-from .jobtypes import InvalidPayload, JobType, UnknownJobType
-from .limits import check_creation_cap, check_payload_size, check_running_cap
-from .models import Job
-from .selectors import retry_id
 
 logger = logging.getLogger(__name__)
 
 State = Job.State
 # Where jobs started or retried by code keep their keys when they have no owner (the text is
-# stored with each such job: it stays as it was when eventbus.jobs became eventbus.runs).
+# stored with each such job: it stays as it was when eventbus.jobs became eventbus.job.runs).
 OWNERLESS_SCOPE = join_scope("fn", "eventbus.jobs")
 # Where the operator's bulk retries (the admin's action, the retry_jobs command) keep their keys:
 # three parts, where a request's scope joins two (a tenant and a principal, idempotency.scope),
@@ -63,12 +63,41 @@ def start_job(
     scope: str | None = None,
     deadline: datetime | timedelta | None = None,
 ) -> tuple[Job, bool]:
-    """The job of this (scope, key), started if new: (job, created). Its payload goes through
-    its type's clean_payload (InvalidPayload); the same key with another type or payload raises
-    IdempotencyKeyMismatch. A new job with a payload over EVENTBUS["MAX_PAYLOAD_BYTES"] raises
-    InvalidPayload; past the owner's running cap, JobLimitReached; past their jobs started per
-    period, JobCreationLimitReached. The run is enqueued once the transaction commits.
-    `deadline`: a datetime, or a timedelta from now."""
+    """The job of this (scope, key), started if new.
+
+    The run is enqueued once the transaction commits.
+
+    Parameters
+    ----------
+    job_type : str or JobType subclass
+        The job's type, by its name or its class.
+    payload : dict
+        The job's input; it goes through its type's clean_payload.
+    key : str or IdemKey
+        The job's idempotency key: once per (scope, key).
+    owner : User
+        Who owns the job.
+    scope : str, optional
+        The key's scope; by default the owner's, as the jobs API resolves it (`-:<pk>`).
+    deadline : datetime or timedelta, optional
+        When the job times out: a datetime, or a timedelta from now.
+
+    Returns
+    -------
+    tuple of (Job, bool)
+        The job, and whether this call created it.
+
+    Raises
+    ------
+    InvalidPayload
+        From the type's clean_payload, or for a new job's payload over
+        EVENTBUS["MAX_PAYLOAD_BYTES"].
+    IdempotencyKeyMismatch
+        For the same key with another type or payload.
+    JobLimitReached
+        Past the owner's running cap.
+    JobCreationLimitReached
+        Past the owner's jobs started per period."""
     job_class = _job_class(job_type)
     if owner is not None and getattr(owner, "pk", None) is None:
         raise ValueError(f"start_job() needs a saved owner (a user with a primary key), not {owner!r}")
@@ -97,10 +126,27 @@ def start_job(
 def cancel_job(job_id) -> Job:
     """Cancel the job: PENDING ends CANCELLED at once, with its final event; RUNNING is asked
     to stop (its stage sees ctx.cancelled, no later stage starts) and its run ends it
-    CANCELLED. Raises JobEnded for an ended job, Job.DoesNotExist for no job.
+    CANCELLED.
 
     Each change is a compare-and-set on the state: a job ending as it is cancelled ends in
-    one state, with one final event (only its run publishes a running job's)."""
+    one state, with one final event (only its run publishes a running job's).
+
+    Parameters
+    ----------
+    job_id
+        The job's id.
+
+    Returns
+    -------
+    Job
+        The job, as it stands after the cancel.
+
+    Raises
+    ------
+    JobEnded
+        For an ended job.
+    Job.DoesNotExist
+        For no job."""
     job = Job.objects.get(pk=job_id)
     while True:
         if job.ended:
@@ -121,12 +167,34 @@ def cancel_job(job_id) -> Job:
 
 def retry_job(job_id, *, key: str | IdemKey, owner=None, scope: str | None = None) -> tuple[Job, bool]:
     """A new job (`retry_of` the old one) that reuses the old job's finished stages and runs
-    from the first unfinished one; its stages keep the retry chain's first job's keys. Once
-    per (scope, key); the scope defaults to the owner's, the owner to the old job's. Raises
-    JobNotRetryable unless the job is FAILED, TIMED_OUT or CANCELLED; JobAlreadyRetried for a
-    new key when the job has a retry already (a job has one: concurrent retries under two keys
-    give one new job and one refusal); the owner's limits as start_job. The old job is left as
-    it is (its state and its stream)."""
+    from the first unfinished one; its stages keep the retry chain's first job's keys. The old
+    job is left as it is (its state and its stream).
+
+    Parameters
+    ----------
+    job_id
+        The old job's id.
+    key : str or IdemKey
+        The retry's idempotency key: once per (scope, key).
+    owner : User, optional
+        The new job's owner; by default the old job's.
+    scope : str, optional
+        The key's scope; by default the owner's.
+
+    Returns
+    -------
+    tuple of (Job, bool)
+        The new job, and whether this call created it.
+
+    Raises
+    ------
+    JobNotRetryable
+        Unless the job is FAILED, TIMED_OUT or CANCELLED.
+    JobAlreadyRetried
+        For a new key when the job has a retry already (a job has one: concurrent retries under
+        two keys give one new job and one refusal).
+    JobLimitReached, JobCreationLimitReached
+        The owner's limits, as start_job."""
     old = Job.objects.get(pk=job_id)
     if old.state not in Job.RETRYABLE_STATES:
         raise JobNotRetryable(old)
@@ -200,7 +268,7 @@ def _accepted_before(scope: str, idem_key: IdemKey) -> bool:
 
 
 def _check_caps(owner) -> None:
-    """The owner's caps on running jobs and on jobs started per period (eventbus.limits)."""
+    """The owner's caps on running jobs and on jobs started per period (eventbus.job.limits)."""
     if owner is None:
         return
     check_running_cap(owner)
@@ -211,8 +279,8 @@ def _run_is_live(job: Job) -> bool:
     """A run holds the job's lease (when Redis cannot say, assume it does: no extra message)."""
     from redis.exceptions import RedisError
 
-    from .keys import JobKeys
-    from .redis import get_redis
+    from eventbus.bus.keys import JobKeys
+    from eventbus.redis.clients import get_redis
 
     try:
         return bool(get_redis().exists(JobKeys(job.domain, str(job.id)).run_lease))
@@ -221,7 +289,7 @@ def _run_is_live(job: Job) -> bool:
 
 
 def _enqueue(job: Job, *, again: bool = False) -> None:
-    from .tasks import enqueue  # Celery is imported by the worker's side only when used
+    from eventbus.tasks import enqueue  # Celery is imported by the worker's side only when used
 
     enqueue(job, again=again)
 
@@ -229,7 +297,7 @@ def _enqueue(job: Job, *, again: bool = False) -> None:
 def _publish_cancelled(job: Job) -> None:
     """The final event of a job cancelled before it started (best effort, as every final
     event of a job that did not complete)."""
-    from .stages import publish_final
+    from eventbus.job.stages import publish_final
 
     try:
         publish_final(job, jobtypes.job_type(job.domain), State.CANCELLED)

@@ -1,5 +1,5 @@
 """The event bus's Celery side: `enqueue` sends a job's run_job task; the task is thin and
-calls eventbus.runs."""
+calls eventbus.job.runs."""
 
 import logging
 import time
@@ -7,8 +7,8 @@ import time
 from celery import shared_task
 from celery.signals import worker_init
 
-from . import lifecycle, runs
-from .stages import StageRetry
+from eventbus.job import lifecycle, runs
+from eventbus.job.stages import StageRetry
 
 logger = logging.getLogger(__name__)
 
@@ -17,7 +17,7 @@ logger = logging.getLogger(__name__)
     bind=True,
     name="eventbus.run_job",
     # Acknowledged after the run, and requeued if the worker process dies mid-run: a job is
-    # never lost with its worker. A second delivery is harmless (see eventbus.runs).
+    # never lost with its worker. A second delivery is harmless (see eventbus.job.runs).
     acks_late=True,
     reject_on_worker_lost=True,
     ignore_result=True,
@@ -52,13 +52,13 @@ def _retry(task, countdown: float):
 
 def enqueue(job, *, again: bool = False) -> bool:
     """Send the job's run_job task, then record it enqueued (`again`: its run was lost,
-    eventbus.recovery). True when it was sent.
+    eventbus.job.recovery). True when it was sent.
 
     Runs after the accepting transaction committed (accept_once(on_accepted=enqueue), eventbus.services), so it never
     raises: the client's 201 stands either way. When the broker is unreachable it gives up
     fast (CELERY_BROKER_TRANSPORT_OPTIONS) and leaves enqueued_at NULL; the sweep
-    (eventbus.sweep.enqueue_pending) sends the task later. The task id is the job id, so a
-    duplicate message of one job is recognisable (and harmless: see eventbus.runs).
+    (eventbus.job.sweep.enqueue_pending) sends the task later. The task id is the job id, so a
+    duplicate message of one job is recognisable (and harmless: see eventbus.job.runs).
     """
     job_id = str(job.id)
     try:
@@ -75,7 +75,7 @@ def enqueue(job, *, again: bool = False) -> bool:
 @worker_init.connect(weak=False)
 def check_redis_at_start(**kwargs) -> None:
     """A worker publishes the jobs' events: it says so at start when Redis cannot keep them."""
-    from .durability import check_durability
-    from .redis import get_redis
+    from eventbus.redis.clients import get_redis
+    from eventbus.redis.durability import check_durability
 
     check_durability(get_redis(), process="celery worker")

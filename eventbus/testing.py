@@ -11,8 +11,8 @@ assert run.state == "COMPLETED" and run.attempts["fetch"] == 2
 
 from __future__ import annotations
 
-from .jobtypes import FINAL_STAGE, JobCancelled, JobFailed, JobType, job_type
-from .stages import StageContext, describe, final_event_data, run_stage
+from eventbus.job.stages import StageContext, describe, final_event_data, run_stage
+from eventbus.jobtypes import FINAL_STAGE, JobCancelled, JobFailed, JobType, job_type
 
 
 class RunEvents(list):
@@ -38,6 +38,24 @@ def events_of(
     """Run the job's stages in memory as a worker would, with their Stage policies (retries;
     a retry waits no backoff here), and return its events as the bus keeps them.
 
+    Parameters
+    ----------
+    job : str or JobType subclass
+        The job's type, by its name or its class.
+    payload : dict, optional
+        The job's payload.
+    job_id : str
+        The job's id ("test-job").
+    fail : dict of str to list, optional
+        Failures planned per stage, as below.
+
+    Returns
+    -------
+    RunEvents
+        (stage, seq, data) of the events, with the run's `state`, `error` and `attempts`.
+
+    Notes
+    -----
     `fail` makes stages fail on given attempts: {"pay": [ConnectionError("503"), None]} raises
     ConnectionError instead of running the pay stage's first attempt, and runs its second (None);
     attempts past the list run normally. An exception class is raised as its instance. A

@@ -5,7 +5,7 @@ and its update_conflicts cannot spare the rows a condition protects; this does b
 - no `update_unless`: ON CONFLICT DO NOTHING; the row count says whether the rows went in
   (accept_once() inserts its row so, with no savepoint around a failing INSERT);
 - `update_unless="finished_at"`: ON CONFLICT DO UPDATE every other column WHERE that column
-  IS NULL (eventbus.stagerecords: a finished stage is never written again).
+  IS NULL (eventbus.job.stagerecords: a finished stage is never written again).
 
 Fields are prepared as the ORM saves them (get_db_prep_save); no model signal is sent.
 """

@@ -43,7 +43,13 @@ def session_user(session_key: str | None):
 
 
 class JobStreamApplication:
-    """An ASGI application for the job stream's sockets (`routes`: gateway.routing's by default)."""
+    """An ASGI application for the job stream's sockets.
+
+    Parameters
+    ----------
+    routes : list, optional
+        The WebSocket URL patterns; gateway.routing's by default.
+    """
 
     def __init__(self, routes=None):
         self.routes = Routes(websocket_urlpatterns if routes is None else routes)

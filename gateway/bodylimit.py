@@ -92,7 +92,13 @@ class _CountedReceive:
 
 
 class RequestBodyLimit:
-    """ASGI middleware: a request body over the path's limit is answered 413 before it is read."""
+    """ASGI middleware: a request body over the path's limit is answered 413 before it is read.
+
+    Parameters
+    ----------
+    app : ASGI application
+        The "http" application it wraps.
+    """
 
     def __init__(self, app):
         self.app = app
@@ -125,7 +131,13 @@ class RequestBodyLimit:
 class RequestBodyLimitMiddleware:
     """Django middleware for WSGI: a request whose Content-Length is over the path's limit is
     answered 413 before anything reads its body. (Under ASGI the body is read before any
-    middleware runs: wrap the application in RequestBodyLimit instead.)"""
+    middleware runs: wrap the application in RequestBodyLimit instead.)
+
+    Parameters
+    ----------
+    get_response : callable
+        The next middleware or the view.
+    """
 
     def __init__(self, get_response):
         self.get_response = get_response

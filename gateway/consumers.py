@@ -45,7 +45,7 @@ from eventbus.selectors import job_outcome, job_to_stream
 
 from . import eager
 from .adapters.channels import frames_send
-from .adapters.uvicorn import reporting_gone
+from .adapters.uvicorn_protocols import reporting_gone
 from .backoff import retrying
 from .conf import gateway_settings
 from .hub import Frame, History, get_hub
@@ -137,7 +137,7 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
         # wrapper (gateway.adapters.channels). That wrapper saves the session on an HTTP response;
         # for a WebSocket frame it does nothing but read the session twice, a fifth of the work per
         # frame under uvicorn. Both are wrapped only where uvicorn's error for a client gone is not
-        # known (gateway.adapters.uvicorn).
+        # known (gateway.adapters.uvicorn_protocols).
         self.base_send = reporting_gone(send)
         self.server_send = reporting_gone(frames_send(send))
         self.channel_layer = None
@@ -197,11 +197,27 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
             self.catching_up = asyncio.create_task(self._catch_up())
 
     async def refuse(self, code: int, detail: str) -> None:
+        """Send an error frame, then close the socket.
+
+        Parameters
+        ----------
+        code : int
+            The close code, also the error frame's `code`.
+        detail : str
+            The error frame's `detail`.
+        """
         self.closing = True
         await self.send(text_data=json.dumps({"type": "error", "code": code, "detail": detail}))
         await self.close(code)
 
     async def disconnect(self, code):
+        """channels' hook when the socket closes: the consumer stops and lets go of what it holds.
+
+        Parameters
+        ----------
+        code : int
+            The close code.
+        """
         self.closing = True
         self.live = False
         if self.counted_user is not None:
@@ -220,6 +236,16 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
             await asyncio.wait({task}, timeout=2)
 
     async def receive(self, text_data=None, bytes_data=None):
+        """channels' hook for a frame the client sends: the stream is one-way, so the socket
+        closes (1003).
+
+        Parameters
+        ----------
+        text_data : str, optional
+            A text frame.
+        bytes_data : bytes, optional
+            A binary frame.
+        """
         # The stream is one-way (the client resumes by reconnecting with last_seq): a client that
         # sends data is not one of ours, and is not kept to send more.
         if not self.closing:
@@ -228,6 +254,14 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
 
     # Called by the hub, synchronously, on the event loop.
     def deliver(self, frame: Frame) -> None:
+        """Called by the hub, synchronously, on the event loop: send a live event's frame, hold
+        it, or catch up from the history when events before it are missing.
+
+        Parameters
+        ----------
+        frame : Frame
+            The event's frame.
+        """
         if not self.live:
             self._hold(frame)
         elif frame.seq <= self.last_sent:
@@ -377,7 +411,13 @@ class JobStreamConsumer(AsyncWebsocketConsumer):
         """After a Redis blip the hub read the job's history once for every live socket of the
         job: send what follows this socket's last seq as if it came live, when that is all it
         needs (the common case, and no task of its own); a reset or the job's outcome due is
-        left to a catch-up of its own."""
+        left to a catch-up of its own.
+
+        Parameters
+        ----------
+        history : History
+            The job's history, as the hub read it.
+        """
         self.state_stale = True
         if not self.live or self._reset_due(history) or self.job.ended:
             self._start_catching_up()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .adapters.uvicorn import CLIENT_GONE
+from .adapters.uvicorn_protocols import CLIENT_GONE
 
 
 def _client_gone() -> tuple[type[BaseException], ...]:
@@ -13,7 +13,7 @@ def _client_gone() -> tuple[type[BaseException], ...]:
         gone.append(Disconnected)
     except ImportError:
         pass
-    return (*gone, *CLIENT_GONE)  # uvicorn's (gateway.adapters.uvicorn), if it is installed
+    return (*gone, *CLIENT_GONE)  # uvicorn's (gateway.adapters.uvicorn_protocols), if it is installed
 
 
 # Raised by a send to a client whose connection just dropped: nothing failed, nothing to close.

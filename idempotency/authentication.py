@@ -48,6 +48,22 @@ class TokenAuthentication(authentication.TokenAuthentication):
     SQL compiled once per token model and database (`unique_lookup`)."""
 
     def authenticate_credentials(self, key):
+        """The token's user and the token, read by the compiled lookup.
+
+        Parameters
+        ----------
+        key : str
+            The token the request carries.
+
+        Returns
+        -------
+        tuple of (User, Token)
+
+        Raises
+        ------
+        rest_framework.exceptions.AuthenticationFailed
+            For an unknown token, or a user inactive or deleted.
+        """
         model = self.get_model()
         using = model._default_manager.db
         lookup = _lookups.get((model, using))

@@ -25,9 +25,31 @@ from .stores.base import Outcome
 
 
 def idempotency_key(mode: str = REQUIRED, **options):
-    """Mark a view "required", "optional" or "exempt": a function view (put it above
-    @api_view, @csrf_exempt...), a view class (APIView, ViewSet, Django View), or one
-    handler method or ViewSet action. Options: lease_seconds, ttl_seconds, atomic, methods.
+    """Mark a view "required", "optional" or "exempt".
+
+    The view is a function view (put the marker above @api_view, @csrf_exempt...), a view class
+    (APIView, ViewSet, Django View), or one handler method or ViewSet action.
+
+    Parameters
+    ----------
+    mode : str
+        "required" (the default), "optional" or "exempt".
+    **options
+        lease_seconds, ttl_seconds, atomic, methods.
+
+    Returns
+    -------
+    callable
+        The marker, which returns the view it marks.
+
+    Raises
+    ------
+    django.core.exceptions.ImproperlyConfigured
+        When the view is already marked with a different policy.
+
+    Examples
+    --------
+    ::
 
         @idempotency_key("required", atomic=True)
         def create(self, request): ...
@@ -64,20 +86,49 @@ GLOBAL = Scope.GLOBAL
 def idempotent(
     *, operation: str, scope=None, key="idempotency_key", lease_seconds=None, ttl_seconds=None, atomic=True
 ):
-    """Run a service function once per (scope, key); a call again with the same key and
-    arguments returns the first call's result (which must be JSON-serialisable) without running it.
+    """Run a service function once per (scope, key).
 
-    scope (required: a key from one user must never replay another's result):
-      - the name of the keyword argument whose value owns the key: a model instance (a user, a
-        tenant...) scopes it as "<app_label>.<model>:<pk>", a str or int as itself; that
-        argument is left out of the fingerprint (the scope holds it);
-      - a ``callable(*args, **kwargs) -> str``;
-      - GLOBAL: one keyspace for all callers, for keys unique by construction.
+    A call again with the same key and arguments returns the first call's result (which must be
+    JSON-serialisable) without running it.
 
-    key: the name of the keyword argument that carries the key (it is passed on to the
-    function and left out of the fingerprint), or a ``callable(*args, **kwargs) -> key``.
-    Raises IdempotencyKeyMismatch for other arguments under a used key and
-    IdempotencyInProgress while another call holds the key::
+    Parameters
+    ----------
+    operation : str
+        The operation's name: its keys are its own.
+    scope
+        Required: a key from one user must never replay another's result. One of:
+
+        - the name of the keyword argument whose value owns the key: a model instance (a user, a
+          tenant...) scopes it as "<app_label>.<model>:<pk>", a str or int as itself; that
+          argument is left out of the fingerprint (the scope holds it);
+        - a ``callable(*args, **kwargs) -> str``;
+        - GLOBAL: one keyspace for all callers, for keys unique by construction.
+    key
+        The name of the keyword argument that carries the key (it is passed on to the function
+        and left out of the fingerprint), or a ``callable(*args, **kwargs) -> key``; by default
+        "idempotency_key".
+    lease_seconds : int, optional
+        How long a call holds the key while it runs (by default the IDEMPOTENCY setting's).
+    ttl_seconds : int, optional
+        How long the first call's result is kept (by default the IDEMPOTENCY setting's).
+    atomic : bool
+        Run the function and store its result in one transaction (the default).
+
+    Returns
+    -------
+    callable
+        The decorator.
+
+    Raises
+    ------
+    IdempotencyKeyMismatch
+        For other arguments under a used key.
+    IdempotencyInProgress
+        While another call holds the key.
+
+    Examples
+    --------
+    ::
 
         @idempotent(operation="charge", scope="customer")
         def charge(*, customer, invoice_id, amount, idempotency_key): ...

@@ -40,7 +40,15 @@ class IdempotencyKeyMismatch(IdempotencyError):
 
 
 class IdempotencyInProgress(IdempotencyError):
-    """Another request holds the key's lease and is still running."""
+    """Another request holds the key's lease and is still running.
+
+    Parameters
+    ----------
+    message : str
+        The detail; by default "Retry after <retry_after> s.".
+    retry_after : int
+        The seconds the client waits before it retries (its Retry-After).
+    """
 
     status = 409
     title = "A request with this Idempotency-Key is in progress"
@@ -67,7 +75,15 @@ class LeaseLost(IdempotencyError):
 class DatabaseUnavailable(IdempotencyError):
     """The database connection failed while the request ran (a restart, a failover, a killed
     backend). Whatever the request did either committed together with its stored answer or not
-    at all (or, for a view that is not atomic, stands as after any crash), so a retry is safe."""
+    at all (or, for a view that is not atomic, stands as after any crash), so a retry is safe.
+
+    Parameters
+    ----------
+    message : str
+        The detail; by default one that says to retry.
+    retry_after : int
+        The seconds the client waits before it retries (its Retry-After).
+    """
 
     status = 503
     title = "The database was unavailable"

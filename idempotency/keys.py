@@ -60,6 +60,19 @@ def _sf_string_item(raw: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class IdemKey:
+    """An Idempotency-Key: a checked string.
+
+    Parameters
+    ----------
+    value : str
+        The key.
+
+    Raises
+    ------
+    InvalidKey
+        For a value that is not a string, or not a valid key.
+    """
+
     value: str
 
     def __post_init__(self):
@@ -72,8 +85,23 @@ class IdemKey:
 
     @classmethod
     def parse(cls, header_value: str) -> IdemKey:
-        """A header value: a bare token, or an RFC 8941 Item whose String is the key (its
-        parameters, as in `"order-1";origin=app`, are ignored)."""
+        """The key of a header value.
+
+        Parameters
+        ----------
+        header_value : str
+            A bare token, or an RFC 8941 Item whose String is the key (its parameters, as in
+            `"order-1";origin=app`, are ignored).
+
+        Returns
+        -------
+        IdemKey
+
+        Raises
+        ------
+        InvalidKey
+            For a value that is no valid key.
+        """
         raw = header_value.strip(" \t")
         if raw.startswith('"'):
             raw = _sf_string_item(raw)
@@ -81,17 +109,56 @@ class IdemKey:
 
     @classmethod
     def from_uuid(cls, value: uuid.UUID | None = None) -> IdemKey:
+        """A key of a UUID.
+
+        Parameters
+        ----------
+        value : uuid.UUID, optional
+            The UUID; a new random one (uuid4) when omitted.
+
+        Returns
+        -------
+        IdemKey
+        """
         return cls(str(value or uuid.uuid4()))
 
     @classmethod
     def from_fields(cls, *fields: object, separator: str = ":") -> IdemKey:
-        """Business fields joined in order, e.g. ("invoice", 42, "pay") -> "invoice:42:pay"."""
+        """Business fields joined in order, e.g. ("invoice", 42, "pay") -> "invoice:42:pay".
+
+        Parameters
+        ----------
+        *fields : object
+            The fields, at least one, each as its str().
+        separator : str
+            What joins them (":").
+
+        Returns
+        -------
+        IdemKey
+
+        Raises
+        ------
+        InvalidKey
+            Without fields, or when the joined key is not valid.
+        """
         if not fields:
             raise InvalidKey("from_fields needs at least one field.")
         return cls(separator.join(str(f) for f in fields))
 
     @classmethod
     def from_hash(cls, *fields: object) -> IdemKey:
-        """SHA-256 of composite fields (canonical JSON), for fields too long or not ASCII."""
+        """SHA-256 of composite fields (canonical JSON), for fields too long or not ASCII.
+
+        Parameters
+        ----------
+        *fields : object
+            The fields, as JSON (what JSON cannot hold, as its str()).
+
+        Returns
+        -------
+        IdemKey
+            The hex digest.
+        """
         canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), default=str, ensure_ascii=False)
         return cls(hashlib.sha256(canonical.encode()).hexdigest())

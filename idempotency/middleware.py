@@ -96,6 +96,15 @@ def keyed_policy(request, view_func):
 
 
 class IdempotencyMiddleware:
+    """The middleware of keyed requests: each view marked with `idempotency_key` runs once per
+    (scope, key), and a retry gets the first answer.
+
+    Parameters
+    ----------
+    get_response : callable
+        The next middleware or the view, sync or async (the middleware is then async too).
+    """
+
     sync_capable = True
     async_capable = True
 
@@ -116,10 +125,41 @@ class IdempotencyMiddleware:
         return await self.get_response(request)
 
     def process_view(self, request, view_func, view_args, view_kwargs):
+        """Run a keyed request's view once for its key; let any other request through.
+
+        Parameters
+        ----------
+        request : HttpRequest
+            The request.
+        view_func : callable
+            The view it is routed to, whose marker says its policy.
+        view_args, view_kwargs
+            The view's arguments.
+
+        Returns
+        -------
+        HttpResponse or None
+            The view's answer, stored or replayed; None lets the request through.
+        """
         policy = keyed_policy(request, view_func)
         return None if policy is None else self.guarded(request, policy, view_func, view_args, view_kwargs)
 
     async def aprocess_view(self, request, view_func, view_args, view_kwargs):
+        """`process_view` under ASGI: one trip to the thread Django runs sync views in.
+
+        Parameters
+        ----------
+        request : HttpRequest
+            The request.
+        view_func : callable
+            The view it is routed to.
+        view_args, view_kwargs
+            The view's arguments.
+
+        Returns
+        -------
+        HttpResponse or None
+        """
         policy = keyed_policy(request, view_func)
         if policy is None:
             return None
@@ -128,6 +168,23 @@ class IdempotencyMiddleware:
         return await sync_to_async(self.guarded)(request, policy, view_func, view_args, view_kwargs)
 
     def guarded(self, request, policy, view_func, view_args, view_kwargs):
+        """`keyed`, answering a failed database connection with a 503 instead of a 500.
+
+        Parameters
+        ----------
+        request : HttpRequest
+            The request.
+        policy : ViewPolicy
+            The view's policy (its marker).
+        view_func : callable
+            The view.
+        view_args, view_kwargs
+            The view's arguments.
+
+        Returns
+        -------
+        HttpResponse or None
+        """
         try:
             return self.keyed(request, policy, view_func, view_args, view_kwargs)
         except CONNECTION_ERRORS as exc:
@@ -142,6 +199,25 @@ class IdempotencyMiddleware:
             return problem_from_error(DatabaseUnavailable())
 
     def keyed(self, request, policy, view_func, view_args, view_kwargs):
+        """A keyed request: authenticated first, then its key checked, claimed, and the view run
+        or its stored answer replayed.
+
+        Parameters
+        ----------
+        request : HttpRequest
+            The request.
+        policy : ViewPolicy
+            The view's policy (its marker).
+        view_func : callable
+            The view.
+        view_args, view_kwargs
+            The view's arguments.
+
+        Returns
+        -------
+        HttpResponse or None
+            None for a request that is not authenticated: the view refuses it, nothing is stored.
+        """
         header = idempotency_settings.HEADER
         raw_key = request.headers.get(header)
         # Authentication first: the body of a request that is not authenticated is

@@ -51,8 +51,21 @@ def problem_from_error(error) -> HttpResponse:
 
 
 def drf_exception_handler(exc, context):
-    """DRF's handler, its answer reshaped as problem details (headers such as
-    WWW-Authenticate and Retry-After kept)."""
+    """DRF's handler, its answer reshaped as problem details.
+
+    Parameters
+    ----------
+    exc : Exception
+        The exception the view raised.
+    context : dict
+        DRF's context of the view (its request, view, args and kwargs).
+
+    Returns
+    -------
+    Response or None
+        The problem details, headers such as WWW-Authenticate and Retry-After kept; None for an
+        exception DRF does not handle.
+    """
     from rest_framework.views import exception_handler
 
     response = exception_handler(exc, context)

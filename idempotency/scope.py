@@ -60,14 +60,60 @@ class UserScopeResolver:
     `tenant()` for multi-tenant projects, `principal()` for other identities."""
 
     def tenant(self, request) -> str:
+        """The request's tenant: "-", the one tenant.
+
+        Parameters
+        ----------
+        request : HttpRequest
+            The request.
+
+        Returns
+        -------
+        str
+            A non-empty tenant.
+        """
         return "-"
 
     def principal(self, request, user) -> str | None:
+        """Who the request acts for: the user's primary key.
+
+        Parameters
+        ----------
+        request : HttpRequest
+            The request.
+        user : User or None
+            The authenticated user, or None.
+
+        Returns
+        -------
+        str or None
+            None for an anonymous request: it gets no idempotency (there is no safe scope).
+        """
         if user is None or not user.is_authenticated:
             return None  # anonymous requests get no idempotency: there is no safe scope
         return str(user.pk)
 
     def resolve(self, request, view_func) -> str | None:
+        """The request's scope: its tenant and its principal, joined.
+
+        Parameters
+        ----------
+        request : HttpRequest
+            The request, authenticated as `view_func` would authenticate it.
+        view_func : callable
+            The view the request is routed to.
+
+        Returns
+        -------
+        str or None
+            None: no idempotency (anonymous).
+
+        Raises
+        ------
+        django.core.exceptions.ImproperlyConfigured
+            When the tenant or the principal is empty: every request of that tenant would share
+            one keyspace.
+        """
         principal = self.principal(request, authenticate(request, view_func))
         if principal is None:
             return None

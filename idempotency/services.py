@@ -48,10 +48,32 @@ def accept_once(
     """The row of its `unique` fields' values, inserted if new: (row, created).
 
     Race-safe on the model's UNIQUE constraint over `unique`: concurrent accepts of one key get
-    one row, and `on_accepted` (enqueue the work) runs once, after the creating transaction
-    commits. A winner whose `same` fields (a foreign key compared by its id) differ from the
-    row's raises IdempotencyKeyMismatch; a NUL character, a lone surrogate, NaN or JSON nested too deep,
-    UnstorableRow (nothing is stored).
+    one row, and `on_accepted` runs once, after the creating transaction commits.
+
+    Parameters
+    ----------
+    row : Model
+        An unsaved instance: the row to insert.
+    unique : sequence of str
+        The fields of the model's UNIQUE constraint (by default ("scope", "idem_key")).
+    same : sequence of str
+        The fields the row already stored must share with `row` (a foreign key compared by its
+        id).
+    on_accepted : callable, optional
+        Called with the row once, after the transaction that created it commits (enqueue the
+        work).
+
+    Returns
+    -------
+    tuple of (Model, bool)
+        The stored row, and whether this call created it.
+
+    Raises
+    ------
+    IdempotencyKeyMismatch
+        When the stored row's `same` fields differ from `row`'s.
+    UnstorableRow
+        For a NUL character, a lone surrogate, NaN or JSON nested too deep (nothing is stored).
     """
     _check_storable(row)
     # ON CONFLICT DO NOTHING: a taken key is no error, so no savepoint guards the INSERT (two

@@ -201,3 +201,111 @@ def test_the_models_page_names_every_field_of_each_model():
             if f"`{field.name}`" not in sections[model.__name__]
         ]
         assert not missing, f"docs/reference/models.md, ## {model.__name__}, does not name: {missing}"
+
+
+# The public API describes each argument (numpydoc, read by napoleon) ------------------------------
+
+PUBLIC_PACKAGES = ("idempotency", "eventbus", "gateway")
+
+
+def callables_of(value) -> list[tuple[str, object, object]]:
+    """(name, callable, where its parameters are described) for a public name: a function itself;
+    a class's own constructor (described in the class's docstring, as numpydoc has it) and its own
+    public methods."""
+    import inspect
+
+    if not inspect.isclass(value):
+        return [(value.__qualname__, value, value)] if callable(value) else []
+    found: list[tuple[str, object, object]] = []
+    if "__init__" in vars(value):
+        found.append((f"{value.__qualname__}.__init__", vars(value)["__init__"], value))
+    for name, member in vars(value).items():
+        if name.startswith("_"):
+            continue
+        function = member.__func__ if isinstance(member, (staticmethod, classmethod)) else member
+        if inspect.isfunction(function):
+            found.append((f"{value.__qualname__}.{name}", function, function))
+    return found
+
+
+def undescribed_parameters(function, documented) -> list[str]:
+    """The parameters of `function` (less self and cls) that `documented`'s docstring does not
+    describe under a numpydoc "Parameters" section."""
+    import inspect
+
+    names = [name for name in inspect.signature(function).parameters if name not in ("self", "cls")]
+    if not names:
+        return []
+    doc = inspect.getdoc(documented) or ""
+    section = re.search(r"^Parameters\n-{10}\n(.*?)(?=^\S[^\n]*\n-{3,}\n|\Z)", doc, re.M | re.S)
+    described = set()
+    # An unindented line of the section names parameters: "key : str", or "a, *args, **kwargs".
+    for line in re.findall(r"^\S.*$", section.group(1), re.M) if section else []:
+        described |= {part.strip(" *") for part in line.split(" : ")[0].split(",")}
+    return [name for name in names if name not in described]
+
+
+def public_callables() -> list[tuple[str, object, object]]:
+    import importlib
+
+    found = []
+    for package in PUBLIC_PACKAGES:
+        module = importlib.import_module(package)
+        for name in module.__all__:  # each through the package's lazy __getattr__
+            found += [
+                (f"{package}.{qualname}", function, documented)
+                for qualname, function, documented in callables_of(getattr(module, name))
+            ]
+    return found
+
+
+def test_every_public_function_describes_its_parameters():
+    """The reference (docs/reference/api.md) describes each argument of what the apps' __all__
+    lists: a "Parameters" section naming every parameter, as napoleon reads numpydoc."""
+    found = public_callables()
+    assert len(found) > 30
+    missing = {
+        name: undescribed
+        for name, function, documented in found
+        if (undescribed := undescribed_parameters(function, documented))
+    }
+    assert not missing, f"describe these parameters in a numpydoc Parameters section: {missing}"
+
+
+def test_the_parameters_check_can_fail():
+    def undocumented(request, *, key, **options):
+        """A summary, and prose that names request and key without a section."""
+
+    def documented(request, *, key, **options):
+        """A summary.
+
+        Parameters
+        ----------
+        request : HttpRequest
+            The request.
+        key, **options
+            The key, and the rest.
+
+        Returns
+        -------
+        request
+            Not a parameter section.
+        """
+
+    def half(request, key):
+        """A summary.
+
+        Parameters
+        ----------
+        request
+            The request.
+
+        Returns
+        -------
+        key
+            Named under Returns only.
+        """
+
+    assert undescribed_parameters(undocumented, undocumented) == ["request", "key", "options"]
+    assert undescribed_parameters(documented, documented) == []
+    assert undescribed_parameters(half, half) == ["key"]

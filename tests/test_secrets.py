@@ -9,8 +9,8 @@ import pytest
 from django.core.management import call_command
 
 from config.private_files import private_dir, write_private_file
-from eventbus.redaction import masked_url
-from eventbus.sentinel import BadSentinelURL, parse_sentinel_url
+from eventbus.redis.redaction import masked_url
+from eventbus.redis.sentinel import BadSentinelURL, parse_sentinel_url
 
 
 @pytest.mark.parametrize(

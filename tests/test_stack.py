@@ -33,7 +33,7 @@ READY = {
     "web": r"Uvicorn running on",
     "worker": r"celery@\S+ ready\.",
     "sweeper": r"Sweeping every",
-    "router": r"eventbus\.router router ",
+    "router": r"eventbus\.bus\.router router ",
     "reclaimer": r"reclaimer: \d+ entries claimed",
 }
 
@@ -471,7 +471,7 @@ def completes_after_restart(stack, job_id: str, token: str) -> None:
     events = stack.manage(
         "shell",
         "-c",
-        "import json; from eventbus.redis import get_redis; from tests.eventbus.helpers import job_events;"
+        "import json; from eventbus.redis.clients import get_redis; from tests.eventbus.helpers import job_events;"
         f" print(json.dumps(job_events(get_redis(), 'scan', '{job_id}')))",
         REDIS_URL=redis_url,
     )

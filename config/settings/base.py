@@ -5,7 +5,7 @@ CELERY_BROKER_URL and CACHE_URL (default REDIS_URL: set them when the event bus 
 Cluster, which neither Celery's broker nor the cache can use); EVENTBUS_CLUSTER=1 puts the event
 bus on the cluster REDIS_URL names (EVENTBUS["CLUSTER"]). Each of these Redis URLs may be a
 redis+sentinel://host:port,host:port/<master>/<db> URL: a Sentinel-managed master, followed
-through failovers (eventbus.sentinel). RUN_DIR (default .run/) is where
+through failovers (eventbus.redis.sentinel). RUN_DIR (default .run/) is where
 `make run` and the tests keep their local state. METRICS_TOKEN: the bearer token /metrics asks
 for (config.views); unset, it answers clients on this machine only.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import dj_database_url
 
-from eventbus.sentinel import celery_broker, django_redis_cache, parse_sentinel_url
+from eventbus.redis.sentinel import celery_broker, django_redis_cache, parse_sentinel_url
 
 
 def env_flag(name: str, default: bool = False) -> bool:
@@ -110,7 +110,7 @@ DEFAULT_EXCEPTION_REPORTER_FILTER = "eventbus.reporting.SafeExceptionReporterFil
 
 def redis_cache(location: str, key_prefix: str) -> dict:
     """A django-redis cache (the test suite and the benchmarks build theirs the same way), on a
-    Sentinel-managed master for a redis+sentinel:// URL (eventbus.sentinel)."""
+    Sentinel-managed master for a redis+sentinel:// URL (eventbus.redis.sentinel)."""
     if parse_sentinel_url(location):
         return django_redis_cache(location, key_prefix=key_prefix)
     return {
@@ -201,7 +201,7 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Redis broker. A task delivered to a worker that died without acking it goes back to its queue
 # after visibility_timeout seconds: longer than any job and its retry countdowns (or a running
-# job is delivered twice: harmless, see eventbus.runs, but wasted), and at most EVENTBUS
+# job is delivered twice: harmless, see eventbus.job.runs, but wasted), and at most EVENTBUS
 # DEDUP_TTL. The restore sweep then runs every tenth of it (10 s at most).
 _visibility_timeout = int(os.environ.get("CELERY_VISIBILITY_TIMEOUT", 3600))
 CELERY_BROKER_TRANSPORT_OPTIONS = {

@@ -9,5 +9,5 @@ ALLOWED_HOSTS = ["127.0.0.1", "localhost", "[::1]"]
 SERVE_STATIC = True  # config.asgi serves /static/ itself
 # Stages long enough to watch a job move on the page: a scan's four stages, and a chat answer's
 # 7-10 chunks, take 6 s in all (config/jobs.py). A job whose run was lost (Ctrl-C mid-job, then
-# `make run` again) is picked up again within half a minute (eventbus.recovery).
+# `make run` again) is picked up again within half a minute (eventbus.job.recovery).
 EVENTBUS = {**EVENTBUS, "STAGE_SECONDS": 1.5, "RECOVER_AFTER": 20}

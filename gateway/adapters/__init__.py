@@ -2,7 +2,7 @@
 
 - `gateway.adapters.channels`: channels' session wrapper and `as_asgi()` attributes, and Django's
   URL patterns as channels-style routing matches them (gateway.asgi, gateway.consumers).
-- `gateway.adapters.uvicorn`: uvicorn's websockets-sansio protocol, subclassed to keep less per
+- `gateway.adapters.uvicorn_protocols`: uvicorn's websockets-sansio protocol, subclassed to keep less per
   socket (gateway.uvicorn), and the error its send raises once the client is gone
   (gateway.servers).
 

@@ -60,7 +60,7 @@ from typing import Any
 import redis
 
 from config.redis_server import RedisClusterServers, RedisServer, free_port
-from eventbus.sentinel import parse_sentinel_url
+from eventbus.redis.sentinel import parse_sentinel_url
 from tests.processes import Manage, Process, Web, Worker, alive, child_pids, restart, wait_for
 from tests.sentinels import SentinelGroup
 
@@ -837,7 +837,7 @@ class Run:
         candidates = list(running - ended)
         if not candidates:
             return []
-        from eventbus.keys import JobKeys
+        from eventbus.bus.keys import JobKeys
 
         domains = {job.job_id: job.domain for job in self.jobs if job.job_id}
         found = []
@@ -1259,7 +1259,7 @@ def terminate_backends(timeout: float) -> dict[str, int]:
 
 
 def streams():
-    from eventbus.delivery import streams_for
+    from eventbus.bus.delivery import streams_for
 
     return streams_for()
 
@@ -1386,7 +1386,7 @@ class Checker:
         """One execution to completion per job: the worker logs tell (across every restart).
 
         - `Job <id> COMPLETED`: logged once the conditional UPDATE moved the job to COMPLETED
-          (eventbus.lifecycle.end): it must appear once, or not at all when the pool process
+          (eventbus.job.lifecycle.end): it must appear once, or not at all when the pool process
           was killed between the UPDATE's commit and the log line and a redelivery then found
           the job COMPLETED already ('skipped'); never twice.
         - `Task eventbus.run_job[<id>] succeeded ...: 'COMPLETED'`: a run that went through the
@@ -1441,7 +1441,7 @@ class Checker:
     # L1-L3: Redis --------------------------------------------------------------------------------
 
     def check_redis(self, jobs: list[Job]) -> None:
-        from eventbus.keys import JobKeys, dead_letter_key
+        from eventbus.bus.keys import JobKeys, dead_letter_key
 
         bus = self.run.topology.bus()
         try:

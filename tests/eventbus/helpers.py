@@ -11,7 +11,7 @@ import redis
 
 from config import celery_app
 from config.redis_server import free_port
-from eventbus.keys import JobKeys
+from eventbus.bus.keys import JobKeys
 from eventbus.testing import events_of
 from tests.processes import wait_for
 
@@ -32,8 +32,8 @@ def state(client, domain: str, job_id: str) -> dict | None:
 
 
 def dead_letters(client, domain: str, shard: int | None = None) -> list[dict]:
+    from eventbus.bus.keys import dead_letter_key
     from eventbus.jobtypes import shard_count
-    from eventbus.keys import dead_letter_key
 
     shards = range(shard_count(domain)) if shard is None else [shard]
     return [

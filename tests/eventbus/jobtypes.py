@@ -74,26 +74,26 @@ def lines(path) -> list[str]:
 # is charged at most once in `<api>:charges` (the provider keeps its idempotency keys): the
 # charges are the outside effects, one per key that reached a working API.
 def outside_api_down(api: str, failures: int) -> None:
-    from eventbus.redis import get_redis
+    from eventbus.redis.clients import get_redis
 
     get_redis().set(f"{api}:failures", failures)
 
 
 def outside_api_calls(api: str) -> list[str]:
-    from eventbus.redis import get_redis
+    from eventbus.redis.clients import get_redis
 
     return [key.decode() for key in get_redis().lrange(f"{api}:calls", 0, -1)]
 
 
 def outside_api_charges(api: str) -> dict[str, int]:
-    from eventbus.redis import get_redis
+    from eventbus.redis.clients import get_redis
 
     return {k.decode(): int(v) for k, v in get_redis().hgetall(f"{api}:charges").items()}
 
 
 def call_outside_api(api: str, key: str, *, charge_first: bool = False) -> None:
     """`charge_first`: the charge is made and then the answer is lost (the error comes after)."""
-    from eventbus.redis import get_redis
+    from eventbus.redis.clients import get_redis
 
     client = get_redis()
     client.rpush(f"{api}:calls", key)

@@ -15,11 +15,11 @@ from redis.exceptions import ResponseError
 import exactly_once.internals
 from eventbus import Event
 from eventbus.adapters import celery as celery_adapter
-from eventbus.adapters import redis as redis_adapter
-from eventbus.keys import JobKeys
-from eventbus.placement import _migrate_slot
-from eventbus.publish import _prepare
-from eventbus.scripts import PUBLISH
+from eventbus.bus.keys import JobKeys
+from eventbus.bus.publish import _prepare
+from eventbus.bus.scripts import PUBLISH
+from eventbus.redis import internals as redis_adapter
+from eventbus.redis.placement import _migrate_slot
 
 PATHS = ["internals", "public"]
 RUN = {"internals": redis_adapter._run_internals, "public": redis_adapter._run_public}
@@ -27,7 +27,7 @@ ARUN = {"internals": redis_adapter._arun_internals, "public": redis_adapter._aru
 
 
 def publish_calls(events):
-    """The publish script's calls for these events, as eventbus.publish builds them."""
+    """The publish script's calls for these events, as eventbus.bus.publish builds them."""
     previous: dict = {}
     return [_prepare(Event(*event), previous)[0] for event in events]
 

@@ -8,7 +8,7 @@ import pytest
 from django.contrib.auth.models import Permission
 from django.test import Client
 
-from eventbus import runs
+from eventbus.job import runs
 from eventbus.models import StageRecord
 
 pytestmark = pytest.mark.django_db

@@ -11,7 +11,7 @@ from django.db import connection
 from django.test import Client
 
 from eventbus import publish_events
-from eventbus.keys import JobKeys, dead_letter_key
+from eventbus.bus.keys import JobKeys, dead_letter_key
 from eventbus.models import DeadLetter
 
 from .helpers import dead_letters, history_seqs

@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from eventbus.keys import dead_letter_key
+from eventbus.bus.keys import dead_letter_key
 from eventbus.models import Job, StageRecord
 from idempotency.models import IdempotencyRecord
 from tests.gateway.conftest import browser  # noqa: F401 - the fixture: Debian's chromium

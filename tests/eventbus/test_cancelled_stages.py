@@ -1,6 +1,6 @@
 """A stage stopped by a cancel reads CANCELLED wherever a stage's state is told (the stage
 record, the jobs API's detail, the admin's timeline), never FAILED; a cancelled job has no
-`error`. Real Redis and database: the runs are eventbus.runs's and eventbus.stages's own."""
+`error`. Real Redis and database: the runs are eventbus.job.runs's and eventbus.job.stages's own."""
 
 import uuid
 from datetime import timedelta
@@ -8,11 +8,11 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from eventbus import runs
+from eventbus.job import runs
+from eventbus.job.stages import StageRetry, run_stages
 from eventbus.jobtypes import JobCancelled, job_type
 from eventbus.models import STAGE_STATES, Job, StageRecord
 from eventbus.services import cancel_job
-from eventbus.stages import StageRetry, run_stages
 
 from .jobtypes import outside_api_down
 from .test_admin import JOBS, staff

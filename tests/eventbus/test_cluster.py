@@ -9,11 +9,11 @@ import redis
 from django.core.management import call_command
 
 from eventbus import publish_event, publish_events
-from eventbus.delivery import streams_for
-from eventbus.keys import JobKeys
-from eventbus.reclaimer import Reclaimer
-from eventbus.redis import get_redis
-from eventbus.router import Router
+from eventbus.bus.delivery import streams_for
+from eventbus.bus.keys import JobKeys
+from eventbus.bus.reclaimer import Reclaimer
+from eventbus.bus.router import Router
+from eventbus.redis.clients import get_redis
 
 from .helpers import ShardSubscriber, Subscriber, dead_letters, history_seqs, pending, state
 
@@ -89,7 +89,7 @@ def reclaim_until_settled(cluster, passes: int = 3) -> None:
 def test_the_processes_refuse_a_cluster_master_older_than_redis_7(cluster):
     from django.core.exceptions import ImproperlyConfigured
 
-    from eventbus.durability import check_cluster_version, too_old_for_cluster
+    from eventbus.redis.durability import check_cluster_version, too_old_for_cluster
 
     check_cluster_version(cluster, process="test")  # the suite's servers: 7.x
     assert too_old_for_cluster({"a:1": {"redis_version": "7.0.15"}, "b:2": {"redis_version": "6.2.14"}}) == [

@@ -11,9 +11,9 @@ from django.core.management import CommandError, call_command
 
 from config.redis_server import free_port
 from eventbus import publish_events
-from eventbus.delivery import streams_for
-from eventbus.keys import JobKeys, stream_key
-from eventbus.stopping import GracefulStop
+from eventbus.bus.delivery import streams_for
+from eventbus.bus.keys import JobKeys, stream_key
+from eventbus.bus.stopping import GracefulStop
 from tests.processes import Manage, run_command, wait_for
 
 from .helpers import Subscriber, dead_letters, history, pending, state

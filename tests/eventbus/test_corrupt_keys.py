@@ -13,13 +13,13 @@ import re
 import pytest
 
 from eventbus import publish_event, publish_events
+from eventbus.bus.keys import JobKeys, dead_letter_key
+from eventbus.bus.publish import CorruptKey
+from eventbus.bus.reclaimer import Reclaimer
+from eventbus.bus.redrive import redrive
+from eventbus.bus.router import Router
+from eventbus.bus.scripts import REDRIVE, run_pipelined
 from eventbus.conf import eventbus_settings
-from eventbus.keys import JobKeys, dead_letter_key
-from eventbus.publish import CorruptKey
-from eventbus.reclaimer import Reclaimer
-from eventbus.redrive import redrive
-from eventbus.router import Router
-from eventbus.scripts import REDRIVE, run_pipelined
 
 from .helpers import Subscriber, dead_letters, history, history_seqs, job_events, pending
 
@@ -168,7 +168,7 @@ def test_route_with_a_corrupt_key_writes_nothing_and_the_entry_is_retried(
     corrupt(redis_client, key, wrong)
     before = snapshot(redis_client)
 
-    with caplog.at_level(logging.ERROR, logger="eventbus.router"):
+    with caplog.at_level(logging.ERROR, logger="eventbus.bus.router"):
         assert router.settle(batch) == set()
 
     # Not applied, not in the history, not published, not acked: nothing written at all.

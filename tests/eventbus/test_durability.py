@@ -7,7 +7,7 @@ import redis
 from django.core.exceptions import ImproperlyConfigured
 
 from config.redis_server import RedisServer
-from eventbus.durability import check_durability, durability_problems
+from eventbus.redis.durability import check_durability, durability_problems
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The connection each thread keeps for the bus's scripts (eventbus.adapters.redis), against
+"""The connection each thread keeps for the bus's scripts (eventbus.redis.internals), against
 real Redis: given back when its thread ends, reconnected when the server dropped it while idle,
 never shared with a forked child. The fast path's only: redis-py's public API holds none."""
 
@@ -8,8 +8,8 @@ import threading
 import pytest
 
 from eventbus import publish_event
-from eventbus.adapters import redis as held
-from eventbus.redis import get_redis, reset_redis
+from eventbus.redis import internals as held
+from eventbus.redis.clients import get_redis, reset_redis
 
 from .helpers import job_events
 

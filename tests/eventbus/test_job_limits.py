@@ -1,4 +1,4 @@
-"""What one user may store (eventbus.limits, checked by eventbus.services for a new job only): a
+"""What one user may store (eventbus.job.limits, checked by eventbus.services for a new job only): a
 payload's size (EVENTBUS["MAX_PAYLOAD_BYTES"]) and the jobs started per period
 (EVENTBUS["MAX_JOBS_CREATED_PER_USER"] per EVENTBUS["JOBS_CREATED_PERIOD"]), retries included,
 counted from the database so that cancelling jobs does not get around it. A replay of a key

@@ -8,7 +8,8 @@ import pytest
 import redis
 from django.core.exceptions import ImproperlyConfigured
 
-from eventbus import runs
+from eventbus.bus.keys import JobKeys
+from eventbus.job import runs
 from eventbus.jobtypes import (
     JobType,
     Stage,
@@ -19,7 +20,6 @@ from eventbus.jobtypes import (
     registry,
     shard_count,
 )
-from eventbus.keys import JobKeys
 from eventbus.models import Job, StageRecord
 from eventbus.testing import events_of
 

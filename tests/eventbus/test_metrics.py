@@ -11,7 +11,7 @@ from django.db import transaction
 from django.utils import timezone
 from prometheus_client import REGISTRY
 
-from eventbus import lifecycle
+from eventbus.job import lifecycle
 from eventbus.jobtypes import Stage, registry
 from eventbus.models import Job
 

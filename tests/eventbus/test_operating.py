@@ -14,13 +14,13 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
 from django.utils import timezone
 
-from eventbus import recovery, runs
+from eventbus.bus.keys import JobKeys
 from eventbus.exceptions import JobEnded, JobNotRetryable
+from eventbus.job import recovery, runs
+from eventbus.job.stages import StageRetry
 from eventbus.jobtypes import InvalidPayload, JobFailed, Stage, StageTimeout, UnknownJobType
-from eventbus.keys import JobKeys
 from eventbus.models import Job, StageRecord
 from eventbus.services import cancel_job, retry_job, start_job
-from eventbus.stages import StageRetry
 from eventbus.testing import events_of
 from idempotency.exceptions import IdempotencyKeyMismatch
 from tests.idempotency.test_concurrency import in_threads
@@ -377,7 +377,7 @@ def test_start_job_and_the_jobs_api_share_the_owners_keys(broker, api_client, us
 def test_the_running_cap_of_eventbus_limits_refuses_new_jobs_not_replays(
     broker, api_client, user, tmp_path, monkeypatch
 ):
-    """eventbus.limits's cap is checked for a new job only: 429 with Retry-After."""
+    """eventbus.job.limits's cap is checked for a new job only: 429 with Retry-After."""
     from eventbus import services
     from eventbus.exceptions import JobLimitReached
 

@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from eventbus.keys import JobKeys
+from eventbus.bus.keys import JobKeys
 from eventbus.models import Job, StageRecord
 from eventbus.testing import events_of
 from tests.processes import wait_for

@@ -8,12 +8,14 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
-from eventbus import placement as placement_module
 from eventbus import publish_events
-from eventbus.delivery import streams_for
+from eventbus.bus.delivery import streams_for
+from eventbus.bus.keys import JobKeys
+from eventbus.bus.router import Router
 from eventbus.jobtypes import shard_count
-from eventbus.keys import JobKeys
-from eventbus.placement import (
+from eventbus.redis import placement as placement_module
+from eventbus.redis.clients import get_redis
+from eventbus.redis.placement import (
     ShardPlacement,
     SlotInDispute,
     _owner_in_view,
@@ -23,8 +25,6 @@ from eventbus.placement import (
     placement,
     plan,
 )
-from eventbus.redis import get_redis
-from eventbus.router import Router
 
 from .helpers import history_seqs, job_ids_on_shard, pending, state
 

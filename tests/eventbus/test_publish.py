@@ -6,9 +6,9 @@ import pytest
 from prometheus_client import REGISTRY
 
 from eventbus import Event, InvalidEvent, OutOfOrderEvent, publish_event, publish_events
-from eventbus.adapters import redis as redis_adapter
-from eventbus.keys import JobKeys
-from eventbus.scripts import PUBLISH
+from eventbus.bus.keys import JobKeys
+from eventbus.bus.scripts import PUBLISH
+from eventbus.redis import internals as redis_adapter
 from tests.processes import BASE_DIR
 
 
@@ -99,7 +99,7 @@ def test_a_batch_is_one_pipeline_with_duplicates_inside_it(redis_client):
     redis_client.config_resetstat()
     assert publish_events(batch) == [True, False, True, True, False]
     # One EVALSHA per event and nothing else; redis-py's Script objects (the public API path of
-    # eventbus.adapters.redis) add one SCRIPT EXISTS to the pipeline.
+    # eventbus.redis.internals) add one SCRIPT EXISTS to the pipeline.
     calls = {name: stats["calls"] for name, stats in redis_client.info("commandstats").items()}
     assert calls["cmdstat_evalsha"] == 5
     scripting = {name: n for name, n in calls.items() if name.startswith("cmdstat_script")}
@@ -194,8 +194,8 @@ def test_metrics_count_published_and_duplicate_events(redis_client):
 def test_importing_the_package_loads_neither_redis_nor_the_publisher():
     code = (
         "import sys, eventbus\n"
-        "assert 'eventbus.publish' not in sys.modules and 'redis' not in sys.modules\n"
-        "assert callable(eventbus.publish_event) and 'eventbus.publish' in sys.modules\n"
+        "assert 'eventbus.bus.publish' not in sys.modules and 'redis' not in sys.modules\n"
+        "assert callable(eventbus.publish_event) and 'eventbus.bus.publish' in sys.modules\n"
         "print('ok')"
     )
     result = subprocess.run(

@@ -4,9 +4,9 @@ from django.core.management import call_command
 from prometheus_client import REGISTRY
 
 from eventbus import publish_events
-from eventbus.keys import JobKeys, stream_key
-from eventbus.reclaimer import Reclaimer, parse_xautoclaim
-from eventbus.router import Router
+from eventbus.bus.keys import JobKeys, stream_key
+from eventbus.bus.reclaimer import Reclaimer, parse_xautoclaim
+from eventbus.bus.router import Router
 
 from .helpers import dead_letters, history_seqs, job_ids_on_shard, pending
 

@@ -7,9 +7,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from eventbus import recovery
+from eventbus.job import recovery
+from eventbus.job.runs import RunLease
 from eventbus.models import Job, StageRecord
-from eventbus.runs import RunLease
 
 from .helpers import job_events, queued_task_ids
 

@@ -8,9 +8,9 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from eventbus import publish_event, publish_events
-from eventbus.keys import JobKeys, dead_letter_key
-from eventbus.reclaimer import Reclaimer
-from eventbus.router import Router
+from eventbus.bus.keys import JobKeys, dead_letter_key
+from eventbus.bus.reclaimer import Reclaimer
+from eventbus.bus.router import Router
 
 from .helpers import dead_letters, history_seqs, pending
 
@@ -155,7 +155,7 @@ def test_a_malformed_dead_letter_is_named_and_kept_while_the_others_go_back(redi
         redis_client.xadd(dead, {**fields, b"reason": b"test", b"original_stream_id": entry_id})
     forged_in, forged_id = forge(redis_client, **{k.decode(): v for k, v in changes.items()})
 
-    with caplog.at_level(logging.WARNING, logger="eventbus.redrive"):
+    with caplog.at_level(logging.WARNING, logger="eventbus.bus.redrive"):
         out, err = redrive_streams()
 
     assert "scan: re-drove 2 of 3 dead letter(s); 1 malformed kept." in out

@@ -1,4 +1,4 @@
-"""Ended jobs are deleted after EVENTBUS["KEEP_ENDED_JOBS"] (eventbus.retention, `cleanup_jobs`),
+"""Ended jobs are deleted after EVENTBUS["KEEP_ENDED_JOBS"] (eventbus.job.retention, `cleanup_jobs`),
 with their stage records; PENDING and RUNNING jobs never are."""
 
 import uuid
@@ -9,8 +9,8 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
+from eventbus.job.retention import delete_ended_jobs
 from eventbus.models import Job, StageRecord
-from eventbus.retention import delete_ended_jobs
 
 DAY = timedelta(days=1)
 

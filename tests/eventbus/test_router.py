@@ -7,9 +7,9 @@ import pytest
 from prometheus_client import REGISTRY
 
 from eventbus import publish_event, publish_events
-from eventbus.adapters import redis as redis_adapter
-from eventbus.keys import JobKeys, stream_key
-from eventbus.router import Router
+from eventbus.bus.keys import JobKeys, stream_key
+from eventbus.bus.router import Router
+from eventbus.redis import internals as redis_adapter
 from tests.processes import wait_for
 
 from .helpers import (
@@ -223,7 +223,7 @@ def test_a_stream_key_of_another_type_is_set_aside_and_the_other_streams_keep_fl
     the key is repaired its stream is served again: all in one router that never stops."""
     import threading
 
-    from eventbus import router as router_module
+    from eventbus.bus import router as router_module
 
     monkeypatch.setattr(router_module, "SET_ASIDE_SECONDS", 0.3)
     jobs = {}

@@ -5,7 +5,7 @@ import asyncio
 import pytest
 import redis.asyncio
 
-from eventbus.keys import JobKeys
+from eventbus.bus.keys import JobKeys
 from eventbus.selectors import latest_event, read_backfills
 
 

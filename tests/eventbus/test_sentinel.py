@@ -12,12 +12,12 @@ from django_redis.cache import RedisCache
 from redis.sentinel import SentinelConnectionPool
 
 from eventbus import publish_event
-from eventbus.keys import JobKeys
+from eventbus.bus.keys import JobKeys
+from eventbus.bus.router import Router
+from eventbus.bus.scripts import NotReplicated
 from eventbus.models import Job
-from eventbus.redis import get_redis, wait_replicas
-from eventbus.router import Router
-from eventbus.scripts import NotReplicated
-from eventbus.sentinel import (
+from eventbus.redis.clients import get_redis, wait_replicas
+from eventbus.redis.sentinel import (
     BadSentinelURL,
     SentinelURL,
     celery_broker,

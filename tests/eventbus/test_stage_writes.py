@@ -9,7 +9,7 @@ import redis
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from eventbus import runs, stagerecords
+from eventbus.job import runs, stagerecords
 from eventbus.models import Job, StageRecord
 
 from .jobtypes import StagedJob

@@ -1,5 +1,5 @@
-"""run_jobs's supervisor (eventbus.supervisor) and the bus commands' console logging
-(eventbus.consolelog): a killed process is started again while the others go on, every line is
+"""run_jobs's supervisor (eventbus.job.supervisor) and the bus commands' console logging
+(eventbus.bus.consolelog): a killed process is started again while the others go on, every line is
 prefixed with its process's name, and a project without LOGGING still sees the commands run."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import threading
 
 import pytest
 
-from eventbus.consolelog import ensure_console
-from eventbus.supervisor import Supervisor
+from eventbus.bus.consolelog import ensure_console
+from eventbus.job.supervisor import Supervisor
 from tests.processes import wait_for
 
 SLEEPER = [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(120)"]

@@ -18,11 +18,12 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from config.jobs import ScanJob
-from eventbus import runs, stages, tasks
-from eventbus.keys import JobKeys
+from eventbus import tasks
+from eventbus.bus.keys import JobKeys
+from eventbus.bus.publish import publish_event
+from eventbus.job import runs, stages
+from eventbus.job.sweep import Sweeper, enqueue_pending
 from eventbus.models import Job
-from eventbus.publish import publish_event
-from eventbus.sweep import Sweeper, enqueue_pending
 from tests.postgres import kill_own_backend
 from tests.processes import BASE_DIR, process_env, wait_for
 
@@ -350,7 +351,7 @@ def test_sweeper_loops_until_stopped(broker, make_job, monkeypatch):
             threading.Thread(target=sweeper.request_stop).start()
         return enqueue_pending(**kwargs)
 
-    monkeypatch.setattr("eventbus.sweep.enqueue_pending", counting)
+    monkeypatch.setattr("eventbus.job.sweep.enqueue_pending", counting)
     assert sweeper.run() == 1
     assert len(passes) >= 5
 
@@ -375,7 +376,7 @@ def test_sweeper_outlives_its_database_backend(broker, make_job, caplog):
 
     monkeypatch = pytest.MonkeyPatch()
     with monkeypatch.context() as patched:
-        patched.setattr("eventbus.sweep.enqueue_pending", losing_its_backend)
+        patched.setattr("eventbus.job.sweep.enqueue_pending", losing_its_backend)
         assert sweeper.run() == 1
     assert len(passes) >= 5
     assert any("a unit of work failed" in r.getMessage() for r in caplog.records)

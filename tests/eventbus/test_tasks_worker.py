@@ -277,7 +277,7 @@ def test_a_stage_returning_a_decimal_and_a_datetime_completes_with_them_encoded(
     import json
     from datetime import datetime
 
-    from eventbus.keys import JobKeys
+    from eventbus.bus.keys import JobKeys
     from eventbus.models import StageRecord
 
     payload = {"log": str(tmp_path / "log"), "amount": "12.50"}

@@ -1,10 +1,10 @@
 """One writer per record, read from the source (`ast`), as tests/test_imports.py reads imports.
 
-- A StageRecord is written by eventbus.stagerecords alone: no other module of the apps calls a
+- A StageRecord is written by eventbus.job.stagerecords alone: no other module of the apps calls a
   write (create, update, bulk_create, delete, ...) on `StageRecord.objects`, on a job's
   `stage_records`, or on a query or instance made from them, nor saves a stage record, nor
   imports the upsert the stage records are written with.
-- A job's state is written by eventbus.lifecycle alone: no other module updates a Job query
+- A job's state is written by eventbus.job.lifecycle alone: no other module updates a Job query
   (`Job.objects...update()`), nor any query with `state=`, nor saves a model with "state" in
   its update_fields.
 
@@ -20,8 +20,8 @@ from pathlib import Path
 from tests.processes import BASE_DIR
 
 PACKAGES = ("exactly_once", "idempotency", "eventbus", "gateway")
-STAGE_RECORD_WRITER = "eventbus/stagerecords.py"
-JOB_STATE_WRITER = "eventbus/lifecycle.py"
+STAGE_RECORD_WRITER = "eventbus/job/stagerecords.py"
+JOB_STATE_WRITER = "eventbus/job/lifecycle.py"
 
 # QuerySet, manager and model methods that write rows.
 WRITES = {
@@ -166,7 +166,7 @@ def test_stage_records_are_written_by_stagerecords_alone():
     found = {
         path: tree for path, tree in sources(BASE_DIR).items() if path.startswith(("eventbus/", "gateway/"))
     }
-    assert STAGE_RECORD_WRITER in found and "eventbus/stages.py" in found
+    assert STAGE_RECORD_WRITER in found and "eventbus/job/stages.py" in found
     assert stage_record_writes(found[STAGE_RECORD_WRITER])  # the writer is seen writing
     assert offenders(found, stage_record_writes, STAGE_RECORD_WRITER) == {}
 

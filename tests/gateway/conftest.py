@@ -7,8 +7,8 @@ from channels.testing import WebsocketCommunicator
 from django.test import Client
 
 from eventbus import publish_event
+from eventbus.bus.router import Router
 from eventbus.models import Job
-from eventbus.router import Router
 from gateway.hub import close_hub
 from gateway.sessions import close_session_watch
 
@@ -94,7 +94,7 @@ async def open_socket(path, cookie=None, *, subscribed_to=None, application=None
 
 
 async def wait_subscribed(job, timeout=5.0):
-    from eventbus.keys import JobKeys
+    from eventbus.bus.keys import JobKeys
     from gateway.hub import get_hub
 
     channel = JobKeys(job.domain, str(job.id)).channel
@@ -107,7 +107,7 @@ async def wait_subscribed(job, timeout=5.0):
 
 async def subscribers(client, channel) -> int:
     """Subscribers of a job channel: classic ones, or on a cluster the shard channel's, on its master."""
-    from eventbus.redis import is_cluster
+    from eventbus.redis.clients import is_cluster
 
     if is_cluster(client):
         await client.initialize()  # its slot map, on first use
@@ -130,7 +130,7 @@ def _publish_and_route(job, seqs):
     Router(burst=True, consumer="test-router").run()
 
 
-# One thread of its own: the bus keeps one Redis connection per thread (eventbus.adapters.redis
+# One thread of its own: the bus keeps one Redis connection per thread (eventbus.redis.internals
 # holds it), so every call reuses the same one. A test that lowers Redis's maxclients to keep the
 # hub away relies on it: a call on another pool thread would need a new connection, refused.
 _publisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="test-publisher")

@@ -25,7 +25,7 @@ import exactly_once.internals
 import gateway.asgi
 import gateway.consumers
 import gateway.servers
-from gateway.adapters import uvicorn as uvicorn_adapter
+from gateway.adapters import uvicorn_protocols as uvicorn_adapter
 from gateway.adapters.channels import PatternRoutes, ResolvedRoutes
 from gateway.asgi import JobStreamApplication
 from gateway.consumers import JobStreamConsumer
@@ -36,7 +36,7 @@ from tests.adapters import fresh_module
 from .conftest import make_communicator, open_socket, publish_and_route, uvicorn_server, uvicorn_socket
 
 INTERNALS, PUBLIC = "internals", "public API"
-CHANNELS, UVICORN = "gateway.adapters.channels", "gateway.adapters.uvicorn"
+CHANNELS, UVICORN = "gateway.adapters.channels", "gateway.adapters.uvicorn_protocols"
 # Each gate's distribution and range, as the adapters ask it.
 RANGES = {"channels": ("4.1", "4.4"), "django": ("5.2", "6.2"), "uvicorn": ("0.44", "0.55")}
 

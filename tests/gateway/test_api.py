@@ -117,7 +117,7 @@ def test_get_shows_the_latest_event(api_client, redis_client):
 
 @pytest.mark.parametrize("corrupt", [b"not json", b"[" * 100_000 + b"]" * 100_000])
 def test_a_state_key_that_is_not_json_gives_no_latest_event_not_a_500(api_client, redis_client, corrupt):
-    from eventbus.keys import JobKeys
+    from eventbus.bus.keys import JobKeys
 
     job_id = create(api_client).json()["job_id"]
     redis_client.set(JobKeys("scan", job_id).state, corrupt)  # not the bus's: written by someone else
@@ -258,7 +258,7 @@ def test_a_method_the_view_has_not_is_a_405_whatever_its_key(api_client):
     assert not IdempotencyRecord.objects.filter(key="fresh").exists()
 
 
-# What one user may store (eventbus.limits) ------------------------------------------------------
+# What one user may store (eventbus.job.limits) ------------------------------------------------------
 
 
 def test_a_payload_over_the_size_limit_is_400_naming_it_and_the_key_is_free_again(api_client, settings):

@@ -6,9 +6,9 @@ import pytest
 import redis
 from asgiref.sync import sync_to_async
 
-from eventbus.keys import JobKeys
+from eventbus.bus.keys import JobKeys
 from eventbus.models import Job
-from eventbus.placement import move_slot
+from eventbus.redis.placement import move_slot
 from gateway.hub import get_hub
 from tests.eventbus.helpers import shard_subscribers
 from tests.processes import wait_for

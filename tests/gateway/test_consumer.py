@@ -9,7 +9,7 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.utils import timezone
 
-from eventbus.keys import JobKeys
+from eventbus.bus.keys import JobKeys
 from eventbus.models import Job
 from gateway import consumers
 from gateway.hub import close_hub, get_hub
@@ -75,8 +75,8 @@ async def test_bad_job_id_is_4400(cookie):
 
 
 async def test_an_unsafe_redis_is_warned_about_once_or_refused_by_setting(job, cookie, settings, caplog):
-    # The suite's Redis has no append-only file: not safe for the bus (eventbus.durability).
-    with caplog.at_level("WARNING", logger="eventbus.durability"):
+    # The suite's Redis has no append-only file: not safe for the bus (eventbus.redis.durability).
+    with caplog.at_level("WARNING", logger="eventbus.redis.durability"):
         for _ in range(2):
             socket = await open_socket(f"/ws/jobs/{job.id}/", cookie, subscribed_to=job)
             await socket.disconnect()
@@ -353,7 +353,7 @@ async def test_a_foreign_message_on_the_channel_stops_nothing(job, cookie, redis
 def _publish(job, seqs, *, final=False, route=True):
     """Publish these events of the job (the last one final when `final`), then route them."""
     from eventbus import publish_event
-    from eventbus.router import Router
+    from eventbus.bus.router import Router
 
     for seq in seqs:
         stage = {1: "vision", 2: "rule", 3: "answer", 4: "reward", 5: "done"}[seq // 10]

@@ -11,7 +11,7 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
-from eventbus.keys import JobKeys
+from eventbus.bus.keys import JobKeys
 from eventbus.testing import events_of
 from tests.processes import Manage, Worker, wait_for
 

@@ -7,7 +7,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from eventbus.exceptions import JobLimitReached
-from eventbus.limits import check_running_cap
+from eventbus.job.limits import check_running_cap
 from eventbus.models import Job
 from idempotency.models import IdempotencyRecord
 

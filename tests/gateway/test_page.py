@@ -26,7 +26,7 @@ import pytest
 from django.db import connection
 from playwright.sync_api import expect
 
-from eventbus.router import Router
+from eventbus.bus.router import Router
 from eventbus.testing import events_of
 from tests.eventbus.jobtypes import FlakyJob, outside_api_charges, outside_api_down
 from tests.processes import Manage, Worker

@@ -22,9 +22,9 @@ import redis
 from asgiref.sync import sync_to_async
 
 from config.redis_server import RedisServer
-from eventbus import runs
+from eventbus.bus.router import Router
+from eventbus.job import runs
 from eventbus.models import Job
-from eventbus.router import Router
 from gateway.hub import get_hub
 from tests.eventbus.helpers import job_events
 from tests.eventbus.jobtypes import StagedJob, lines
@@ -146,8 +146,8 @@ async def test_a_socket_opened_while_redis_is_down_waits_for_it_then_streams(sna
 
 
 def wait_subscribed_sync(job) -> None:
-    from eventbus.keys import JobKeys
-    from eventbus.redis import get_redis
+    from eventbus.bus.keys import JobKeys
+    from eventbus.redis.clients import get_redis
 
     channel = JobKeys(job.domain, str(job.id)).channel
     wait_for(lambda: get_redis().pubsub_numsub(channel)[0][1], timeout=15, message="the hub subscribed")

@@ -13,7 +13,7 @@ import shlex
 
 import pytest
 
-from gateway.adapters import uvicorn as adapter
+from gateway.adapters import uvicorn_protocols as adapter
 from gateway.socketcap import sockets_per_user
 from gateway.uvicorn import HTTPProtocol, WebSocketProtocol
 from tests.processes import BASE_DIR

@@ -1,5 +1,5 @@
 """gateway.uvicorn.WebSocketProtocol: uvicorn's websockets-sansio protocol keeping less per socket
-(uvicorn's own where gateway.adapters.uvicorn takes the public API), run in a real uvicorn server
+(uvicorn's own where gateway.adapters.uvicorn_protocols takes the public API), run in a real uvicorn server
 serving config.asgi, with a real WebSocket client."""
 
 import asyncio
@@ -8,8 +8,8 @@ import json
 import pytest
 from websockets.exceptions import InvalidStatus
 
-from gateway.adapters import uvicorn as adapter
-from gateway.adapters.uvicorn import Gate, Inbox
+from gateway.adapters import uvicorn_protocols as adapter
+from gateway.adapters.uvicorn_protocols import Gate, Inbox
 from gateway.uvicorn import WebSocketProtocol
 
 from .conftest import publish_and_route, uvicorn_server, uvicorn_socket

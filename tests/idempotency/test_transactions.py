@@ -143,7 +143,7 @@ def test_the_check_passes_the_suites_settings():
 def test_cleanup_jobs_waits_for_a_concurrent_writer_on_deferred_sqlite(deferred_transactions):
     """Its batch's DELETE reads the jobs first (Django's cascade): on SQLite that transaction
     takes the write lock at its start, and waits while another connection holds it."""
-    from eventbus.retention import delete_ended_jobs
+    from eventbus.job.retention import delete_ended_jobs
 
     ended = Job.objects.create(
         scope="-:1",

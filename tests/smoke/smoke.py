@@ -112,9 +112,9 @@ def check_wheel(wheel: Path) -> None:
         f"the wheel's top-level packages are {sorted(tops)}",
     )
     for required in (
-        "eventbus/lua/publish.lua",
-        "eventbus/lua/route.lua",
-        "eventbus/lua/_prelude.lua",
+        "eventbus/bus/lua/publish.lua",
+        "eventbus/bus/lua/route.lua",
+        "eventbus/bus/lua/_prelude.lua",
         "eventbus/migrations/0001_initial.py",
         "idempotency/migrations/0001_initial.py",
         "eventbus/management/commands/run_router.py",

@@ -6,10 +6,10 @@ import os
 from django.core.management.base import CommandError
 
 from eventbus import metrics
-from eventbus.consolelog import ensure_console
-from eventbus.durability import check_durability
+from eventbus.bus.consolelog import ensure_console
 from eventbus.jobtypes import UnknownJobType
-from eventbus.redis import get_redis
+from eventbus.redis.clients import get_redis
+from eventbus.redis.durability import check_durability
 
 
 def add_loop_options(parser, *, burst_help: str) -> None:

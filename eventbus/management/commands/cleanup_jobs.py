@@ -3,7 +3,7 @@ from datetime import timedelta
 from django.core.management.base import BaseCommand, CommandError
 
 from eventbus.conf import eventbus_settings
-from eventbus.retention import delete_ended_jobs
+from eventbus.job.retention import delete_ended_jobs
 from idempotency.conf import idempotency_settings
 
 

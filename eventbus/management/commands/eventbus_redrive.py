@@ -1,4 +1,4 @@
-"""eventbus_redrive: a domain's dead letters back on their shard streams (eventbus.redrive).
+"""eventbus_redrive: a domain's dead letters back on their shard streams (eventbus.bus.redrive).
 
 A malformed letter stays where it is, named on stderr (its dead-letter id, then why); the
 command still exits 0, its last line counting what was re-driven and what was kept. It exits
@@ -8,8 +8,8 @@ non-zero only when nothing could be done: an unknown domain, or Redis not answer
 from django.core.management.base import BaseCommand, CommandError
 from redis.exceptions import RedisError
 
+from eventbus.bus.redrive import redrive
 from eventbus.jobtypes import UnknownJobType
-from eventbus.redrive import redrive
 
 
 class Command(BaseCommand):

@@ -4,10 +4,9 @@ from dataclasses import asdict
 from django.core.management.base import BaseCommand, CommandError
 
 from eventbus.jobtypes import UnknownJobType
-from eventbus.placement import SlotInDispute, balance, is_balanced, placement, spread
-from eventbus.redis import get_redis, is_cluster
-
-from ._options import domain_list
+from eventbus.management.commands._options import domain_list
+from eventbus.redis.clients import get_redis, is_cluster
+from eventbus.redis.placement import SlotInDispute, balance, is_balanced, placement, spread
 
 
 class Command(BaseCommand):

@@ -1,4 +1,4 @@
-"""run_jobs: the processes that run and deliver jobs, in one terminal (eventbus.supervisor)."""
+"""run_jobs: the processes that run and deliver jobs, in one terminal (eventbus.job.supervisor)."""
 
 import os
 import signal
@@ -7,7 +7,7 @@ import sys
 from django.core.management.base import BaseCommand, CommandError
 
 from eventbus.conf import eventbus_settings
-from eventbus.supervisor import Supervisor
+from eventbus.job.supervisor import Supervisor
 
 
 def sweep_interval() -> float:

@@ -1,8 +1,12 @@
 from django.core.management.base import BaseCommand
 
-from eventbus.reclaimer import Reclaimer, stream_configs
-
-from ._options import add_domain_options, add_loop_options, domain_list, run_worker
+from eventbus.bus.reclaimer import Reclaimer, stream_configs
+from eventbus.management.commands._options import (
+    add_domain_options,
+    add_loop_options,
+    domain_list,
+    run_worker,
+)
 
 
 class Command(BaseCommand):

@@ -1,9 +1,13 @@
 from django.core.management.base import BaseCommand
 
-from eventbus.redis import make_redis
-from eventbus.router import Router, default_consumer
-
-from ._options import add_domain_options, add_loop_options, domain_list, run_worker
+from eventbus.bus.router import Router, default_consumer
+from eventbus.management.commands._options import (
+    add_domain_options,
+    add_loop_options,
+    domain_list,
+    run_worker,
+)
+from eventbus.redis.clients import make_redis
 
 
 class Command(BaseCommand):

@@ -1,11 +1,10 @@
-"""sweep_jobs: no accepted job stays stranded (eventbus.sweep's Sweeper, every --interval seconds)."""
+"""sweep_jobs: no accepted job stays stranded (eventbus.job.sweep's Sweeper, every --interval seconds)."""
 
 from django.core.management.base import BaseCommand
 
-from eventbus.consolelog import ensure_console
-from eventbus.sweep import Sweeper
-
-from ._options import add_loop_options
+from eventbus.bus.consolelog import ensure_console
+from eventbus.job.sweep import Sweeper
+from eventbus.management.commands._options import add_loop_options
 
 
 class Command(BaseCommand):

@@ -1,0 +1,136 @@
+"""A job's life cycle: every change of a Job's state after its acceptance is made here.
+
+    accepted (eventbus.services)           -> PENDING
+    enqueued                               -> enqueued_at set (the run_job task reached the broker)
+    a run starts                           -> RUNNING
+    cancelled before it started            -> CANCELLED (eventbus.services.cancel_job)
+    cancelled while running                -> cancel_requested_at set; its run ends it CANCELLED
+    the run ends                           -> COMPLETED | FAILED | TIMED_OUT | CANCELLED (final: never left)
+
+Each change is a compare-and-set on the state it leaves, so two runs of one job (a task
+delivered twice) cannot move it backwards or end it twice; the job metrics (eventbus.metrics)
+are counted here, where a change is known to have happened once.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+from django.db import DatabaseError, transaction
+from django.db.models import Value
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from eventbus import metrics
+from eventbus.models import Job
+
+logger = logging.getLogger(__name__)
+
+State = Job.State
+
+
+def get(job_id: str) -> Job | None:
+    return Job.objects.filter(pk=job_id).first()
+
+
+def refresh_state(job: Job) -> str:
+    job.refresh_from_db(fields=["state"])
+    return job.state
+
+
+def start(job: Job) -> bool:
+    """PENDING -> RUNNING (a re-run finds it RUNNING already); False when the job has ended
+    meanwhile (cancelled before it started)."""
+    if Job.objects.filter(pk=job.pk, state=State.PENDING).update(state=State.RUNNING):
+        job.state = State.RUNNING
+        _count(metrics.job_started, job.domain, job.accepted_at, timezone.now())
+        return True
+    return not ended_now(job)
+
+
+def ended_now(job: Job) -> bool:
+    """Whether the job has ended (Job.ended), its state read again first."""
+    refresh_state(job)
+    return job.ended
+
+
+def cancel_pending(job: Job) -> bool:
+    """PENDING -> CANCELLED, when no run started it; False otherwise."""
+    now = timezone.now()
+    cancelled = Job.objects.filter(pk=job.pk, state=State.PENDING).update(
+        state=State.CANCELLED, cancel_requested_at=now, completed_at=now
+    )
+    if cancelled:
+        job.state, job.cancel_requested_at, job.completed_at = State.CANCELLED, now, now
+        _count(metrics.job_ended, job.domain, State.CANCELLED, job.accepted_at, now)
+        logger.info("Job %s CANCELLED before it started", job.id)
+    return bool(cancelled)
+
+
+def request_cancel(job: Job) -> bool:
+    """Ask a RUNNING job's run to stop (the first request's time is kept); False when it is not
+    RUNNING."""
+    now = timezone.now()
+    requested = Job.objects.filter(pk=job.pk, state=State.RUNNING).update(
+        cancel_requested_at=Coalesce("cancel_requested_at", Value(now))
+    )
+    if requested:
+        job.refresh_from_db(fields=["state", "cancel_requested_at"])
+    return bool(requested)
+
+
+def chain_root_id(job: Job) -> str:
+    """The first job of the job's retry chain (itself when it retries none): its id makes
+    the stages' keys (StageContext.key)."""
+    root_id, retry_of = job.id, job.retry_of_id
+    seen = {root_id}
+    while retry_of is not None and retry_of not in seen:
+        seen.add(retry_of)
+        root_id = retry_of
+        retry_of = Job.objects.filter(pk=retry_of).values_list("retry_of_id", flat=True).first()
+    return str(root_id)
+
+
+def end(job: Job, state: str) -> bool:
+    """PENDING or RUNNING -> a final state; False when it had ended already."""
+    assert state in Job.FINAL_STATES, state
+    now = timezone.now()
+    ended = Job.objects.filter(pk=job.pk, state__in=Job.UNFINISHED_STATES).update(
+        state=state, completed_at=now
+    )
+    if ended:
+        _count(metrics.job_ended, job.domain, state, job.accepted_at, now)
+        logger.info("Job %s %s", job.id, state)
+    return bool(ended)
+
+
+def _count(observe, *args) -> None:
+    """Count a change once it is committed (a rolled-back change did not happen)."""
+    transaction.on_commit(lambda: observe(*args))
+
+
+def past_deadline(job: Job) -> bool:
+    if job.deadline is not None and timezone.now() > job.deadline:
+        logger.warning("Job %s passed its deadline %s", job.id, job.deadline.isoformat())
+        return True
+    return False
+
+
+def mark_enqueued(job: Job, *, again: bool = False) -> None:
+    """Record that the job's task reached the broker (the sweep leaves it alone from now);
+    `again`: a new message for a lost run, which the recovery then waits on."""
+    now = timezone.now()
+    unsent = {} if again else {"enqueued_at__isnull": True}
+    try:
+        Job.objects.filter(pk=job.pk, **unsent).update(enqueued_at=now)
+    except DatabaseError:
+        logger.warning("Job %s enqueued, but enqueued_at not recorded; the sweep may send it again", job.id)
+    job.enqueued_at = now
+
+
+def never_enqueued(*, accepted_before: datetime, limit: int):
+    """PENDING jobs whose task never reached the broker, oldest first (a selector)."""
+    return Job.objects.filter(
+        state=State.PENDING, enqueued_at__isnull=True, accepted_at__lte=accepted_before
+    ).order_by("accepted_at")[:limit]
