@@ -445,3 +445,17 @@ def test_importing_the_apps_loads_nothing_else_before_django_is_set_up():
         m for m in modules if m.partition(".")[0] in ("redis", "celery", "channels", "rest_framework")
     ]
     assert not [m for m in modules if m.startswith(("django.db", "django.apps", "django.contrib"))]
+
+
+def test_the_old_paths_users_import_are_the_rooms_objects():
+    """eventbus in rooms: the paths the docs named before the move still give the same objects."""
+    from eventbus.bus import publish
+    from eventbus.job import stages
+    from eventbus.publish import publish_event, publish_events
+    from eventbus.redis import sentinel
+    from eventbus.sentinel import celery_broker, django_redis_cache
+    from eventbus.stages import StageContext
+
+    assert (publish_event, publish_events) == (publish.publish_event, publish.publish_events)
+    assert (celery_broker, django_redis_cache) == (sentinel.celery_broker, sentinel.django_redis_cache)
+    assert StageContext is stages.StageContext
