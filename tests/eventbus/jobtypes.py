@@ -3,6 +3,7 @@ to the file its payload names, so that tests can count executions across worker 
 Registered by the test settings (EVENTBUS["JOB_TYPES"])."""
 
 import time
+import uuid
 from decimal import Decimal
 from pathlib import Path
 
@@ -73,6 +74,11 @@ def lines(path) -> list[str]:
 # as an HTTP client raises on a 503), each call's key is listed in `<api>:calls`, and each key
 # is charged at most once in `<api>:charges` (the provider keeps its idempotency keys): the
 # charges are the outside effects, one per key that reached a working API.
+def flaky_payload(tmp_path, **extra) -> dict:
+    """A FlakyJob's payload: its log in `tmp_path`, an outside API of its own."""
+    return {"log": str(tmp_path / "log"), "api": f"api-{uuid.uuid4().hex[:8]}", **extra}
+
+
 def outside_api_down(api: str, failures: int) -> None:
     from eventbus.redis.clients import get_redis
 

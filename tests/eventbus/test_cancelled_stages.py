@@ -2,7 +2,6 @@
 record, the jobs API's detail, the admin's timeline), never FAILED; a cancelled job has no
 `error`. Real Redis and database: the runs are eventbus.job.runs's and eventbus.job.stages's own."""
 
-import uuid
 from datetime import timedelta
 
 import pytest
@@ -14,7 +13,7 @@ from eventbus.jobtypes import JobCancelled, job_type
 from eventbus.models import STAGE_STATES, Job, StageRecord
 from eventbus.services import cancel_job
 
-from .jobtypes import outside_api_down
+from .jobtypes import flaky_payload, outside_api_down
 from .test_admin import JOBS, staff
 
 State = Job.State
@@ -32,7 +31,7 @@ def timeline_states(client, job) -> dict:
 def test_the_stage_a_cancel_stopped_is_cancelled_in_the_api_and_the_admin(
     broker, make_job, tmp_path, api_client, django_user_model
 ):
-    payload = {"log": str(tmp_path / "log"), "api": f"api-{uuid.uuid4().hex[:8]}"}
+    payload = flaky_payload(tmp_path)
     outside_api_down(payload["api"], 1)
     job = make_job("flaky", payload)
     with pytest.raises(StageRetry):

@@ -27,13 +27,9 @@ from tests.idempotency.test_concurrency import in_threads
 from tests.processes import wait_for
 
 from .helpers import job_events, queued_task_ids
-from .jobtypes import FlakyJob, lines, outside_api_calls, outside_api_charges, outside_api_down
+from .jobtypes import FlakyJob, flaky_payload, lines, outside_api_calls, outside_api_charges, outside_api_down
 
 State = Job.State
-
-
-def flaky_payload(tmp_path, **extra):
-    return {"log": str(tmp_path / "log"), "api": f"api-{uuid.uuid4().hex[:8]}", **extra}
 
 
 def run_to_end(job_id, *, attempts: int = 20) -> str:

@@ -18,17 +18,13 @@ from tests.processes import wait_for
 
 from . import test_tasks_worker
 from .helpers import job_events
-from .jobtypes import FlakyJob, lines, outside_api_calls, outside_api_charges, outside_api_down
+from .jobtypes import FlakyJob, flaky_payload, lines, outside_api_calls, outside_api_charges, outside_api_down
 from .test_tasks_worker import post_job, wait_for_state
 
 start_worker = test_tasks_worker.start_worker  # the fixture: workers on the test Redis
 
 pytestmark = pytest.mark.django_db(transaction=True)
 State = Job.State
-
-
-def flaky_payload(tmp_path, **extra):
-    return {"log": str(tmp_path / "log"), "api": f"api-{uuid.uuid4().hex[:8]}", **extra}
 
 
 def attempts(job_id) -> dict[str, int]:
