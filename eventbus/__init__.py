@@ -4,7 +4,7 @@ Its public API, importable from here: publishing (`publish_event`, `publish_even
 and their errors), the job-type API a project declares its jobs with (`JobType`, `Stage`,
 `register` and the exceptions a stage raises or a caller catches: eventbus.jobtypes), `events_of`
 to test a job type without Redis or a worker, the job services (`start_job`, `cancel_job`,
-`retry_job`) and their exceptions, and the settings helpers for a Sentinel-managed Redis
+`retry_job`) and their exceptions, `enqueue_key` (keyed django.tasks enqueues: eventbus.backends), and the settings helpers for a Sentinel-managed Redis
 (`celery_broker`, `django_redis_cache`). Each is imported on first use: importing the package
 (INSTALLED_APPS, the Celery app, a settings module) must not pull in models, Redis clients or
 settings.
@@ -28,6 +28,7 @@ _EXPORTS = {
     "start_job": "eventbus.services",
     "cancel_job": "eventbus.services",
     "retry_job": "eventbus.services",
+    "enqueue_key": "eventbus.djangotasks.keys",
     "JobEnded": "eventbus.exceptions",
     "JobNotRetryable": "eventbus.exceptions",
     "JobLimitReached": "eventbus.exceptions",

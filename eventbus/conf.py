@@ -66,6 +66,9 @@ DEFAULTS: dict[str, object] = {
     # how long a job whose worker died waits before another run may take it over. Its run renews
     # it after every event and every third of it while a stage runs.
     "RUN_LEASE_SECONDS": 5,
+    # Seconds between the sweeper's looks for delayed starts now due (start_job(run_after=...), a
+    # django.tasks task's run_after; eventbus.job.sweep.enqueue_due): how late at most they start.
+    "DELAYED_START_POLL": 1.0,
     # The demo jobs' simulated work per stage, seconds (config.jobs).
     "STAGE_SECONDS": 0.2,
 }

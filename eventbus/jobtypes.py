@@ -66,6 +66,7 @@ DEFAULT_WIDTH = 10
 # The seed's final seq: the done range is 50-59 and its one event is 51, for up to four stages.
 MIN_FINAL_SEQ = 51
 FINAL_STAGE = "done"
+TASKS_BACKEND = "eventbus.backends.ExactlyOnceBackend"
 
 
 class InvalidPayload(ValueError):
@@ -268,6 +269,9 @@ class JobType:
     # For the page's form: what to say of the type, and a payload it accepts.
     description: ClassVar[str] = ""
     example_payload: ClassVar[dict] = {}
+    # Whether POST /api/jobs/ (and the page's form) may start one; False: only code does
+    # (start_job), e.g. the `task` type of django.tasks tasks, whose payload names code to run.
+    startable_by_api: ClassVar[bool] = True
 
     def clean_payload(self, payload: dict) -> dict:
         """The payload to accept. Default: any JSON object.
@@ -407,10 +411,28 @@ def registry() -> dict[str, type[JobType]]:
     global _registry
     if _registry is None:
         types = dict(_DECORATED)
-        for path in eventbus_settings.JOB_TYPES:
+        for path in (*eventbus_settings.JOB_TYPES, *_task_job_type()):
             _add(types, import_string(path))
         _registry = types
     return _registry
+
+
+def _task_job_type() -> list[str]:
+    """The job type django.tasks tasks run as, when a TASKS backend is
+    eventbus.backends.ExactlyOnceBackend (or a subclass of it)."""
+    from django.conf import settings
+
+    for params in (getattr(settings, "TASKS", None) or {}).values():
+        try:
+            backend = import_string(params["BACKEND"])
+        except (ImportError, KeyError, TypeError):
+            continue  # Django's own check names a backend that does not import
+        # By name: eventbus.backends imports this module.
+        if any(
+            f"{cls.__module__}.{cls.__qualname__}" == TASKS_BACKEND for cls in getattr(backend, "__mro__", ())
+        ):
+            return ["eventbus.djangotasks.taskjob.TaskJob"]
+    return []
 
 
 def job_type(name: str) -> type[JobType]:
@@ -455,7 +477,7 @@ def _forget() -> None:
 
 
 def _on_setting_changed(*, setting, **kwargs):
-    if setting == "EVENTBUS":
+    if setting in ("EVENTBUS", "TASKS"):
         _forget()
 
 

@@ -59,6 +59,19 @@ class Job(models.Model):
     )
     # eventbus.cancel_job asked the running job to stop; its run ends it CANCELLED.
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    # When its first run started it (PENDING -> RUNNING).
+    started_at = models.DateTimeField(null=True, blank=True)
+    # A delayed start (start_job(run_after=...), a task's run_after): the job stays PENDING, its
+    # run not sent, until then; the sweep sends it once due (eventbus.job.sweep.enqueue_due).
+    # Kept with the job, never a broker ETA: it survives restarts of every process and of Redis.
+    run_after = models.DateTimeField(null=True, blank=True)
+    # The Celery queue its run is sent to ("": the Celery app's default queue) and its priority
+    # there (-100..100, higher first), as a django.tasks task asks (eventbus.backends).
+    queue = models.CharField(max_length=64, blank=True, default="")
+    priority = models.SmallIntegerField(default=0)
+    # The W3C trace context of the span that accepted it (eventbus.tracing): its run joins that
+    # trace. Empty without tracing.
+    trace_context = models.CharField(max_length=512, blank=True, default="")
 
     class Meta:
         constraints = [
@@ -70,6 +83,11 @@ class Job(models.Model):
         indexes = [
             models.Index(fields=["owner", "-accepted_at"], name="job_owner_accepted_at"),
             models.Index(fields=["state", "enqueued_at"], name="job_state_enqueued_at"),
+            models.Index(
+                fields=["run_after"],
+                condition=models.Q(state="PENDING", enqueued_at__isnull=True, run_after__isnull=False),
+                name="job_delayed_start",
+            ),
         ]
 
     def __str__(self):
@@ -104,12 +122,17 @@ class StageRecord(models.Model):
     # finishes it: its type and message are the job's error as its owner sees it; the traceback
     # is for staff (the admin).
     error_type = models.CharField(max_length=200, null=True, blank=True)
+    # The exception's class path (`module.QualName`), as django.tasks' TaskError names it.
+    error_class = models.CharField(max_length=255, null=True, blank=True)
     error_message = models.TextField(null=True, blank=True)
     error_traceback = models.TextField(null=True, blank=True)
     failed_at = models.DateTimeField(null=True, blank=True)
     # A failed attempt whose retry waits (Stage.retries): when it is due. Cleared when the
     # attempt starts. The recovery leaves a job alone while it waits.
     next_attempt_at = models.DateTimeField(null=True, blank=True)
+    # Who ran each attempt ("<host>:<pid>" of the worker process), oldest first: one per attempt,
+    # as django.tasks' TaskResult.worker_ids.
+    workers = models.JSONField(default=list, blank=True)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["job", "stage"], name="stage_record_job_stage")]

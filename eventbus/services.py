@@ -62,10 +62,13 @@ def start_job(
     owner,
     scope: str | None = None,
     deadline: datetime | timedelta | None = None,
+    run_after: datetime | timedelta | None = None,
+    queue: str = "",
+    priority: int = 0,
 ) -> tuple[Job, bool]:
     """The job of this (scope, key), started if new.
 
-    The run is enqueued once the transaction commits.
+    The run is enqueued once the transaction commits, or once `run_after` is due.
 
     Parameters
     ----------
@@ -81,6 +84,14 @@ def start_job(
         The key's scope; by default the owner's, as the jobs API resolves it (`-:<pk>`).
     deadline : datetime or timedelta, optional
         When the job times out: a datetime, or a timedelta from now.
+    run_after : datetime or timedelta, optional
+        A delayed start: the job stays PENDING, its run unsent, until then (a datetime, or a
+        timedelta from now). Kept with the job, it survives restarts of every process and of
+        Redis; the sweeper (`sweep_jobs`) sends the run once it is due.
+    queue : str, optional
+        The Celery queue its run is sent to; by default the Celery app's default queue.
+    priority : int, optional
+        -100 to 100, higher first among the ready runs of its queue (0 by default).
 
     Returns
     -------
@@ -108,6 +119,10 @@ def start_job(
     idem_key = _key(key)
     if isinstance(deadline, timedelta):
         deadline = timezone.now() + deadline
+    if isinstance(run_after, timedelta):
+        run_after = timezone.now() + run_after
+    if not -100 <= priority <= 100 or int(priority) != priority:
+        raise ValueError(f"priority must be a whole number from -100 to 100, not {priority!r}")
     job = Job(
         scope=scope,
         idem_key=idem_key.value,
@@ -116,6 +131,9 @@ def start_job(
         payload=cleaned,
         owner=owner,
         deadline=deadline,
+        run_after=run_after,
+        queue=queue,
+        priority=int(priority),
     )
     if not _accepted_before(scope, idem_key):
         check_payload_size(cleaned)
@@ -213,6 +231,8 @@ def retry_job(job_id, *, key: str | IdemKey, owner=None, scope: str | None = Non
         owner=owner,
         deadline=deadline,
         retry_of=old,
+        queue=old.queue,
+        priority=old.priority,
     )
     if not _accepted_before(scope, idem_key):
         retried_by = retry_id(old)
@@ -291,6 +311,8 @@ def _run_is_live(job: Job) -> bool:
 def _enqueue(job: Job, *, again: bool = False) -> None:
     from eventbus.tasks import enqueue  # Celery is imported by the worker's side only when used
 
+    if job.state == State.PENDING and job.run_after is not None and job.run_after > timezone.now():
+        return  # a delayed start: the sweeper sends its run once due (eventbus.job.sweep.enqueue_due)
     enqueue(job, again=again)
 
 

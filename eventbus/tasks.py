@@ -62,7 +62,13 @@ def enqueue(job, *, again: bool = False) -> bool:
     """
     job_id = str(job.id)
     try:
-        run_job.apply_async((job_id,), task_id=job_id, retry=False)
+        run_job.apply_async(
+            (job_id,),
+            task_id=job_id,
+            retry=False,
+            queue=job.queue or None,
+            priority=broker_priority(job.priority),
+        )
     except Exception:
         logger.warning(
             "Job %s not enqueued (broker unreachable?); the sweep will enqueue it", job_id, exc_info=True
@@ -70,6 +76,13 @@ def enqueue(job, *, again: bool = False) -> bool:
         return False
     lifecycle.mark_enqueued(job, again=again)
     return True
+
+
+def broker_priority(priority: int) -> int:
+    """A job's priority (-100..100, higher first, as django.tasks numbers it) as the broker's
+    (0..9, 0 first: kombu's Redis transport reads its `priority_steps` in that order; by default
+    four bands: 0, 3, 6, 9)."""
+    return round((100 - max(-100, min(100, priority))) * 9 / 200)
 
 
 @worker_init.connect(weak=False)

@@ -53,7 +53,9 @@ class JobRequestSerializer(serializers.Serializer):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        known = sorted(registry())  # when asked, not at import: a project's types register later
+        # When asked, not at import: a project's types register later. Only the types a request
+        # may start (a django.tasks task's job names code to run: only code starts one).
+        known = sorted(name for name, job_type in registry().items() if job_type.startable_by_api)
         self.fields["domain"].choices = known
         self.fields["domain"].error_messages["invalid_choice"] = f"Not a job type: choose one of {known}."
 

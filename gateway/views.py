@@ -28,6 +28,7 @@ def job_types() -> list[dict]:
             "stages": [planned.name for planned in job_type.plan()] + [FINAL_STAGE],
             "example_payload": job_type.example_payload,
             "description": job_type.description,
+            "startable": job_type.startable_by_api,
         }
         for name, job_type in registry().items()  # in registration order: the demo's first is scan
     ]

@@ -14,6 +14,7 @@ from django.db import models
 from exactly_once.jsontext import MAX_JSON_DEPTH, json_holds_lone_surrogate, nested_deeper_than
 
 from .conf import idempotency_settings
+from .context import keyed_work
 from .exceptions import IdempotencyInProgress, IdempotencyKeyMismatch
 from .execution import run_leased, transaction_aliases
 from .fingerprint import call_fingerprint
@@ -182,7 +183,7 @@ def idempotent(
             return run_leased(
                 store,
                 acquisition.lease,
-                lambda: func(*args, **kwargs),
+                lambda: _keyed_call(call_scope, idem_key.value, func, args, kwargs),
                 _stored_result,
                 aliases=transaction_aliases(func, atomic=atomic),
                 lease_seconds=lease_for,
@@ -191,6 +192,12 @@ def idempotent(
         return wrapper
 
     return decorator
+
+
+def _keyed_call(scope: str, key: str, func, args, kwargs):
+    """The call, as keyed work: what it enqueues is keyed from its key (idempotency.context)."""
+    with keyed_work(scope, key):
+        return func(*args, **kwargs)
 
 
 def _check_scope(scope, operation: str) -> None:

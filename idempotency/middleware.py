@@ -21,6 +21,7 @@ from django.db import InterfaceError, OperationalError, close_old_connections
 
 from . import metrics
 from .conf import idempotency_settings
+from .context import keyed_work
 from .exceptions import (
     DatabaseUnavailable,
     IdempotencyInProgress,
@@ -264,7 +265,10 @@ class IdempotencyMiddleware:
         def run_view(acquisition):
             metrics.count("takeover" if acquisition.takeover else "miss")
             request.idempotency = IdempotencyContext(scope, key, acquisition.lease, acquisition.takeover)
-            return call_view(view_func, request, view_args, view_kwargs)
+            user = getattr(request, "user", None)
+            owner = user if user is not None and user.is_authenticated else None
+            with keyed_work(scope, key.value, owner=owner):  # what the view enqueues is keyed from it
+                return call_view(view_func, request, view_args, view_kwargs)
 
         if (using := store.lock_alias(aliases)) is not None:
             # Cached replays first: they need no transaction.

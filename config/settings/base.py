@@ -50,6 +50,15 @@ INSTALLED_APPS = [
     "config",  # the demo project itself: its ensure_demo_user command
 ]
 
+# Django's task API (django.tasks; django-tasks' backport on Django 5.2) on the toolkit's jobs:
+# each task runs exactly once to completion, delayed, prioritised, keyed (eventbus.backends).
+TASKS = {
+    "default": {
+        "BACKEND": "eventbus.backends.ExactlyOnceBackend",
+        "QUEUES": ["default", "reports"],
+    }
+}
+
 MIDDLEWARE = [
     # First: its latency covers the other middlewares and the view (config.http_metrics).
     "config.http_metrics.HttpMetricsMiddleware",

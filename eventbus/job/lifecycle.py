@@ -18,7 +18,7 @@ import logging
 from datetime import datetime
 
 from django.db import DatabaseError, transaction
-from django.db.models import Value
+from django.db.models import Q, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -42,9 +42,10 @@ def refresh_state(job: Job) -> str:
 def start(job: Job) -> bool:
     """PENDING -> RUNNING (a re-run finds it RUNNING already); False when the job has ended
     meanwhile (cancelled before it started)."""
-    if Job.objects.filter(pk=job.pk, state=State.PENDING).update(state=State.RUNNING):
-        job.state = State.RUNNING
-        _count(metrics.job_started, job.domain, job.accepted_at, timezone.now())
+    now = timezone.now()
+    if Job.objects.filter(pk=job.pk, state=State.PENDING).update(state=State.RUNNING, started_at=now):
+        job.state, job.started_at = State.RUNNING, now
+        _count(metrics.job_started, job.domain, job.accepted_at, now)
         return True
     return not ended_now(job)
 
@@ -130,7 +131,18 @@ def mark_enqueued(job: Job, *, again: bool = False) -> None:
 
 
 def never_enqueued(*, accepted_before: datetime, limit: int):
-    """PENDING jobs whose task never reached the broker, oldest first (a selector)."""
+    """PENDING jobs whose task never reached the broker, oldest first (a selector); a delayed
+    start (run_after) only once it is due."""
+    return (
+        Job.objects.filter(state=State.PENDING, enqueued_at__isnull=True, accepted_at__lte=accepted_before)
+        .filter(Q(run_after__isnull=True) | Q(run_after__lte=timezone.now()))
+        .order_by("accepted_at")[:limit]
+    )
+
+
+def due_delayed(*, limit: int):
+    """PENDING jobs whose delayed start (run_after) is due and whose run was not sent yet, the
+    most overdue first, then the highest priority (a selector; the index job_delayed_start)."""
     return Job.objects.filter(
-        state=State.PENDING, enqueued_at__isnull=True, accepted_at__lte=accepted_before
-    ).order_by("accepted_at")[:limit]
+        state=State.PENDING, enqueued_at__isnull=True, run_after__isnull=False, run_after__lte=timezone.now()
+    ).order_by("run_after", "-priority")[:limit]

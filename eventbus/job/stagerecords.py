@@ -56,7 +56,14 @@ def cancel_requested(job_id) -> bool:
 
 
 def record_failure(
-    job, stage: str, *, error_type: str, error_message: str, error_traceback: str, retry_in: float | None
+    job,
+    stage: str,
+    *,
+    error_type: str,
+    error_class: str,
+    error_message: str,
+    error_traceback: str,
+    retry_in: float | None,
 ) -> None:
     """Keep a failed attempt on the stage's record unless the stage is finished: its error (the
     owner's word and the staff's traceback), when, and when its retry is due (`retry_in`
@@ -64,6 +71,7 @@ def record_failure(
     now = timezone.now()
     StageRecord.objects.filter(job=job, stage=stage, finished_at__isnull=True).update(
         error_type=error_type,
+        error_class=error_class,
         error_message=error_message,
         error_traceback=error_traceback,
         failed_at=now,
@@ -84,6 +92,7 @@ def copy_finished(old, new) -> None:
             job=new,
             stage=record.stage,
             attempts=record.attempts,
+            workers=record.workers,
             result=record.result,
             events=record.events,
             started_at=record.started_at,

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import socket
 import time
 import traceback
 from collections.abc import Callable
@@ -34,6 +36,19 @@ logger = logging.getLogger(__name__)
 # traceback as staff see it (the admin), at most this long.
 MAX_ERROR_MESSAGE = 1_000
 MAX_TRACEBACK = 20_000
+# StageRecord.workers keeps the last MAX_WORKERS attempts' workers.
+MAX_WORKERS = 1_000
+
+
+def worker_id() -> str:
+    """Who runs an attempt (StageRecord.workers): this process, `<host>:<pid>` (asked at each
+    attempt: a prefork pool's processes are forked after import)."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def class_path(cls: type) -> str:
+    """`module.QualName` of an exception's class, as django.tasks' TaskError names it."""
+    return f"{cls.__module__}.{cls.__qualname__}"[:255]
 
 
 class RunStopped(Exception):
@@ -302,6 +317,7 @@ def _started(records: dict[str, StageRecord], job, stage: str) -> StageRecord:
     caller saves it, alone or with the stage before it."""
     record = records.get(stage) or StageRecord(job=job, stage=stage)
     record.attempts += 1
+    record.workers = [*record.workers, worker_id()][-MAX_WORKERS:]
     record.started_at = timezone.now()
     record.next_attempt_at = None
     records[stage] = record
@@ -318,7 +334,8 @@ def _finish(
     record = records[stage]
     record.result, record.events, record.finished_at = result, events, timezone.now()
     # An earlier attempt's failure (retried, or a run that was interrupted) is over.
-    record.error_type = record.error_message = record.error_traceback = record.failed_at = None
+    record.error_type = record.error_class = record.error_message = None
+    record.error_traceback = record.failed_at = None
     following = records.get(then_start) if then_start else None
     if following is not None and (following.finished_at is not None or _retry_due_in(following) > 0):
         then_start = None  # finished already, or its retry waits: the loop tells which
@@ -367,6 +384,7 @@ def _record_failure(job, stage: str, exc: Exception, *, retry_in: float | None =
             job,
             stage,
             error_type=failure["type"],
+            error_class=class_path(type(exc)),
             error_message=failure["message"],
             error_traceback=_bounded("".join(traceback.format_exception(exc)), MAX_TRACEBACK, keep_end=True),
             retry_in=retry_in,

@@ -10,11 +10,13 @@ was lost (eventbus.job.recovery).
 from __future__ import annotations
 
 import logging
+import time
 from datetime import timedelta
 
 from django.utils import timezone
 
 from eventbus.bus.loop import LoopWorker
+from eventbus.conf import eventbus_settings
 from eventbus.job import lifecycle
 from eventbus.tasks import enqueue
 
@@ -38,6 +40,21 @@ def enqueue_pending(*, older_than_seconds: float = 30, limit: int = 1000) -> int
     return enqueued
 
 
+def enqueue_due(*, limit: int = 1000) -> int:
+    """Send the run of each job whose delayed start (run_after) is due: the job was kept PENDING,
+    its run unsent, until then (never a broker ETA, which a restart of Redis or a long delay can
+    lose or run twice). Stops at the first failure (the broker is down: the next pass tries
+    again); a run sent twice by two sweepers at once runs once (eventbus.job.runs)."""
+    enqueued = 0
+    for job in lifecycle.due_delayed(limit=limit):
+        if not enqueue(job):
+            break
+        enqueued += 1
+    if enqueued:
+        logger.info("Started %d delayed job(s) now due", enqueued)
+    return enqueued
+
+
 def sweep(*, older_than_seconds: float = 30) -> int:
     """One pass: jobs never enqueued, then jobs whose run was lost (eventbus.job.recovery)."""
     from eventbus.job.recovery import recover_stranded
@@ -47,19 +64,31 @@ def sweep(*, older_than_seconds: float = 30) -> int:
 
 class Sweeper(LoopWorker):
     """Runs `sweep` every `interval` seconds until stopped (eventbus.bus.loop's loop): no accepted
-    job stays stranded."""
+    job stays stranded. Between two sweeps it starts the delayed jobs now due (`enqueue_due`)
+    every EVENTBUS["DELAYED_START_POLL"] seconds: a job runs that long after its run_after at
+    most, while the sweeper runs."""
 
     name = "sweep_jobs"
     one_pass_burst = True  # --burst: one pass, then exit
 
     def __init__(self, *, interval: float = 30, older_than_seconds: float = 30, burst: bool = False):
         super().__init__(burst=burst)
-        self.pause = interval
+        self.interval = interval
+        self.pause = min(interval, float(eventbus_settings.DELAYED_START_POLL))
         self.older_than_seconds = older_than_seconds
+        self.next_sweep = 0.0
 
     def setup(self) -> None:
         if not self.burst:
-            logger.info("Sweeping every %ss for jobs never enqueued or whose run was lost", self.pause)
+            logger.info(
+                "Sweeping every %ss for jobs never enqueued or whose run was lost; delayed starts every %ss",
+                self.interval,
+                self.pause,
+            )
 
     def work_once(self) -> int:
-        return sweep(older_than_seconds=self.older_than_seconds)
+        done = enqueue_due()
+        if time.monotonic() >= self.next_sweep:
+            done += sweep(older_than_seconds=self.older_than_seconds)
+            self.next_sweep = time.monotonic() + self.interval
+        return done
