@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.bench-installed
 
-.PHONY: run test test-fast lint docs setup redis browser bench bench-gateway bench-cluster bench-jobs chaos clean matrix test-newest smoke-newest
+.PHONY: run test test-fast lint docs setup redis browser bench bench-gateway bench-cluster bench-jobs chaos clean matrix test-newest test-django60 smoke-newest
 
 $(STAMP): requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -114,6 +114,11 @@ matrix: setup browser
 # releases in range (deprecations are errors there), and the smoke test on the same.
 test-newest: setup browser
 	$(PARALLEL) $(VENV)/bin/nox -s "tests(py3.13-django6.1)" -- $(PYTEST_ARGS)
+
+# The django.tasks backend's tests (tests/tasks) on Django 6.0 (Python 3.12), the first Django
+# with django.tasks built in: .ci/run's third Django. `make matrix` runs the whole suite there.
+test-django60: setup browser
+	$(PARALLEL) $(VENV)/bin/nox -s "tests(py3.12-django6.0)" -- tests/tasks $(PYTEST_ARGS)
 
 smoke-newest: setup
 	$(VENV)/bin/nox -s smoke

@@ -22,6 +22,7 @@ On Django 5.2, Django's task API comes from the `django-tasks` backport (eventbu
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from django.core.checks import Error
 from django.db import transaction
@@ -163,7 +164,7 @@ def _json_arguments(args: list, kwargs: dict) -> tuple[list, dict]:
     """The arguments as they are stored and given to the task: JSON, as django.tasks asks
     (tuples become lists); TypeError for anything else (a model instance: pass its pk)."""
     try:
-        normal = compat.normalize_json({"args": args, "kwargs": kwargs})
+        normal: Any = compat.normalize_json({"args": args, "kwargs": kwargs})
         json.dumps(normal, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise TypeError(f"A task's arguments must be JSON (pass a model's pk, not the model): {exc}") from exc

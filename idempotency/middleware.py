@@ -265,7 +265,7 @@ class IdempotencyMiddleware:
         def run_view(acquisition):
             metrics.count("takeover" if acquisition.takeover else "miss")
             request.idempotency = IdempotencyContext(scope, key, acquisition.lease, acquisition.takeover)
-            user = getattr(request, "user", None)
+            user = getattr(request, "_idempotency_user", None) or getattr(request, "user", None)
             owner = user if user is not None and user.is_authenticated else None
             with keyed_work(scope, key.value, owner=owner):  # what the view enqueues is keyed from it
                 return call_view(view_func, request, view_args, view_kwargs)

@@ -52,6 +52,9 @@ def authenticate(request, view_func):
         return None
     if user is not None and user.is_authenticated:
         hand_over_authentication(request, user, drf_request.auth)
+        # Who the keyed work acts for (idempotency.context's owner): Django's request.user is
+        # not the DRF view's user (token authentication) until the view runs.
+        request._idempotency_user = user
     return user
 
 

@@ -4,8 +4,10 @@
 
 from __future__ import annotations
 
-try:
-    from django.tasks import DEFAULT_TASK_QUEUE_NAME, task_backends
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the stubs describe Django's own
+    from django.tasks import DEFAULT_TASK_QUEUE_NAME, task, task_backends
     from django.tasks.backends.base import BaseTaskBackend
     from django.tasks.base import (
         TASK_MAX_PRIORITY,
@@ -21,26 +23,42 @@ try:
     from django.utils.json import normalize_json
 
     API = "django.tasks"
-except ImportError:  # Django 5.2: the backport, when installed
-    from django_tasks import DEFAULT_TASK_QUEUE_NAME, task_backends  # type: ignore[no-redef]
-    from django_tasks.backends.base import BaseTaskBackend  # type: ignore[no-redef]
-    from django_tasks.base import (  # type: ignore[no-redef]
-        TASK_MAX_PRIORITY,
-        TASK_MIN_PRIORITY,
-        Task,
-        TaskContext,
-        TaskError,
-        TaskResult,
-        TaskResultStatus,
-    )
-    from django_tasks.exceptions import InvalidTaskError as InvalidTask  # type: ignore[no-redef]
-    from django_tasks.exceptions import (  # type: ignore[no-redef]
-        TaskResultDoesNotExist,
-    )
-    from django_tasks.signals import task_enqueued, task_finished, task_started  # type: ignore[no-redef]
-    from django_tasks.utils import normalize_json  # type: ignore[no-redef]
+else:
+    try:
+        from django.tasks import DEFAULT_TASK_QUEUE_NAME, task, task_backends
+        from django.tasks.backends.base import BaseTaskBackend
+        from django.tasks.base import (
+            TASK_MAX_PRIORITY,
+            TASK_MIN_PRIORITY,
+            Task,
+            TaskContext,
+            TaskError,
+            TaskResult,
+            TaskResultStatus,
+        )
+        from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
+        from django.tasks.signals import task_enqueued, task_finished, task_started
+        from django.utils.json import normalize_json
 
-    API = "django_tasks"
+        API = "django.tasks"
+    except ImportError:  # Django 5.2: the backport, when installed
+        from django_tasks import DEFAULT_TASK_QUEUE_NAME, task, task_backends
+        from django_tasks.backends.base import BaseTaskBackend
+        from django_tasks.base import (
+            TASK_MAX_PRIORITY,
+            TASK_MIN_PRIORITY,
+            Task,
+            TaskContext,
+            TaskError,
+            TaskResult,
+            TaskResultStatus,
+        )
+        from django_tasks.exceptions import InvalidTaskError as InvalidTask
+        from django_tasks.exceptions import TaskResultDoesNotExist
+        from django_tasks.signals import task_enqueued, task_finished, task_started
+        from django_tasks.utils import normalize_json
+
+        API = "django_tasks"
 
 __all__ = [
     "API",
@@ -56,6 +74,7 @@ __all__ = [
     "TaskResultDoesNotExist",
     "TaskResultStatus",
     "normalize_json",
+    "task",
     "task_backends",
     "task_enqueued",
     "task_finished",

@@ -18,7 +18,7 @@ from .names import RUN_STAGE, TASK_JOB, load_task
 Status = compat.TaskResultStatus
 # A job's state as a task's status (django.tasks has four): an ended job that did not complete
 # (FAILED, TIMED_OUT, CANCELLED) is a FAILED task, its error naming why.
-STATUS = {
+STATUS: dict[str, Any] = {
     Job.State.PENDING: Status.READY,
     Job.State.RUNNING: Status.RUNNING,
     Job.State.COMPLETED: Status.SUCCESSFUL,
@@ -28,7 +28,7 @@ STATUS = {
 }
 # The error of an ended task whose stage recorded none (it never started, or the job's deadline
 # or cancel ended it between attempts).
-ENDED_WITHOUT_ERROR = {
+ENDED_WITHOUT_ERROR: dict[str, str] = {
     Job.State.TIMED_OUT: "eventbus.job.stages.DeadlinePassed",
     Job.State.CANCELLED: "eventbus.jobtypes.JobCancelled",
     Job.State.FAILED: "eventbus.jobtypes.JobFailed",
@@ -62,7 +62,7 @@ def result_of(job: Job, record: StageRecord | None = None, *, read_record: bool 
     status = STATUS[job.state]
     if status == Status.RUNNING and record is not None and record.next_attempt_at is not None:
         status = Status.READY  # its next attempt waits
-    result = compat.TaskResult(
+    result: Any = compat.TaskResult(
         task=task,
         id=str(job.id),
         status=status,

@@ -65,7 +65,7 @@ class TaskJob(JobType):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class TaskProgress(compat.TaskContext):
+class TaskProgress(compat.TaskContext):  # type: ignore[misc]  # frozen as Django's is
     """The `context` of a task declared with `takes_context=True`: Django's TaskContext
     (`task_result`, `attempt`) with the job's progress and cancel (a stage's ctx).
 

@@ -4,12 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from eventbus.djangotasks.compat import API
-
-if API == "django.tasks":
-    from django.tasks import task
-else:
-    from django_tasks import task
+from eventbus.djangotasks.compat import task  # django.tasks' on Django 6, the backport's on 5.2
 
 
 @task
