@@ -235,6 +235,7 @@ class JobDetail:
     state: str
     payload: dict
     accepted_at: datetime
+    run_after: datetime | None  # a delayed start
     completed_at: datetime | None
     retry_of_id: uuid.UUID | None  # the job this one retries (named as the model's attribute)
     retried_by: uuid.UUID | None  # the job that retries this one, if any
@@ -265,6 +266,7 @@ def job_detail(user, job_id) -> JobDetail | None:
         state=job.state,
         payload=job.payload,
         accepted_at=job.accepted_at,
+        run_after=job.run_after,
         completed_at=job.completed_at,
         retry_of_id=job.retry_of_id,
         retried_by=job.retried_by,  # type: ignore[attr-defined]  # visible_job's annotation

@@ -131,6 +131,9 @@ class JobSerializer(JobAcceptedSerializer):
     """A job as the list shows it: no payload, no stages."""
 
     accepted_at = serializers.DateTimeField()
+    run_after = serializers.DateTimeField(
+        allow_null=True, help_text="A delayed start: the job stays PENDING until then (null: none)."
+    )
     completed_at = serializers.DateTimeField(allow_null=True)
     retry_of = serializers.SerializerMethodField(help_text="The job this one retries, if it is a retry.")
     retried_by = serializers.SerializerMethodField(

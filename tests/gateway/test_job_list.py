@@ -13,7 +13,7 @@ from eventbus.models import Job, StageRecord
 
 pytestmark = pytest.mark.django_db
 
-ITEM_KEYS = {"job_id", "domain", "state", "ws_url", "accepted_at", "completed_at", "retry_of", "retried_by"}
+ITEM_KEYS = {"job_id", "domain", "state", "ws_url", "accepted_at", "run_after", "completed_at", "retry_of", "retried_by"}
 
 
 def make_job(owner, key, *, domain="scan", state="PENDING", minutes_ago=0, **fields):
