@@ -103,3 +103,54 @@ class JobCreationLimitReached(JobLimitReached):
 
     title = "Too many jobs started"
     problem_type = "urn:problem:job-creation-limit-reached"
+
+
+class UnknownSignal(JobServiceError):
+    """signal_job() with a name no stage of the job's type declares (Stage.signals).
+
+    Parameters
+    ----------
+    job : Job
+        The job.
+    name : str
+        The signal's name.
+    known : tuple of str
+        The names its type declares.
+    """
+
+    status = 400
+    title = "No such signal"
+    problem_type = "urn:problem:unknown-signal"
+
+    def __init__(self, job, name: str, known: tuple[str, ...]):
+        super().__init__(f"A {job.domain} job takes no signal {name!r}; it takes {list(known)}.")
+        self.job, self.name, self.known = job, name, known
+
+    def problem_members(self) -> dict:
+        """The problem's extension members: the signals the job takes."""
+        return {"signals": list(self.known)}
+
+
+class SignalAlreadySent(JobServiceError):
+    """signal_job() with a new key for a signal the job has already been sent: one signal of
+    each name per job (its first sender's; the same key gives that one back).
+
+    Parameters
+    ----------
+    job : Job
+        The job.
+    name : str
+        The signal's name.
+    """
+
+    status = 409
+    title = "The signal was sent already"
+    problem_type = "urn:problem:signal-sent"
+
+    def __init__(self, job, name: str):
+        super().__init__(f"Job {job.id} has been sent the signal {name!r} already, under another key.")
+        self.job, self.name = job, name
+
+    def problem_members(self) -> dict:
+        """The problem's extension members: the signal's name."""
+        return {"signal": self.name}

@@ -51,6 +51,7 @@ every key by them); what they build is dropped when EVENTBUS changes or a type r
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -66,6 +67,8 @@ DEFAULT_WIDTH = 10
 # The seed's final seq: the done range is 50-59 and its one event is 51, for up to four stages.
 MIN_FINAL_SEQ = 51
 FINAL_STAGE = "done"
+# A signal's name (Stage.signals, ctx.wait_for): it is a path segment of the jobs API.
+SIGNAL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 TASKS_BACKEND = "eventbus.backends.ExactlyOnceBackend"
 
 
@@ -154,6 +157,14 @@ class Stage:
     timeout : float, optional
         Seconds an attempt may take (None: no limit); past it the attempt fails with
         StageTimeout.
+    atomic : bool
+        Run the stage's code in one database transaction with the write that records it
+        finished: its ORM writes commit exactly once (none after a crash before the commit; the
+        stage never runs again after it). Hold no long outside call in it: the transaction
+        stays open while the stage runs. False by default.
+    signals : tuple of str
+        The signals the stage may wait for (ctx.wait_for): the jobs API, the admin and the page
+        offer these, and signal_job refuses others.
 
     Raises
     ------
@@ -174,6 +185,11 @@ class Stage:
     backoff: float = 1.0
     # Seconds an attempt may take (None: no limit); past it the attempt fails with StageTimeout.
     timeout: float | None = None
+    # The stage's code and the write that records it finished, in one transaction (exactly-once
+    # ORM writes; docs/howto/durable-stages.md).
+    atomic: bool = False
+    # The signals its code may wait for (ctx.wait_for).
+    signals: tuple[str, ...] = ()
 
     def __post_init__(self):
         if not self.name.isidentifier() or self.name == FINAL_STAGE:
@@ -192,6 +208,14 @@ class Stage:
             raise ImproperlyConfigured(f"Stage {self.name!r}: backoff must be a number of seconds >= 0.")
         if self.timeout is not None and (not isinstance(self.timeout, (int, float)) or self.timeout <= 0):
             raise ImproperlyConfigured(f"Stage {self.name!r}: timeout must be a number of seconds > 0.")
+        if not isinstance(self.atomic, bool):
+            raise ImproperlyConfigured(f"Stage {self.name!r}: atomic must be True or False.")
+        signals = (self.signals,) if isinstance(self.signals, str) else tuple(self.signals)
+        if not all(isinstance(n, str) and SIGNAL_NAME.fullmatch(n) for n in signals):
+            raise ImproperlyConfigured(
+                f"Stage {self.name!r}: signals must be names of 1 to 64 letters, digits, '_' or '-'."
+            )
+        object.__setattr__(self, "signals", signals)
 
     def retryable(self, exc: BaseException, attempt: int) -> bool:
         """Whether a failure of attempt `attempt` (1, 2...) runs the stage again.
@@ -312,6 +336,11 @@ class JobType:
     @classmethod
     def plan(cls) -> list[PlannedStage]:
         return _plan(cls)
+
+    @classmethod
+    def signal_names(cls) -> tuple[str, ...]:
+        """Every signal its stages declare (Stage.signals), in order."""
+        return tuple(dict.fromkeys(name for stage in cls.stages for name in stage.signals))
 
     @classmethod
     def final_seq(cls) -> int:

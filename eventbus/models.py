@@ -21,13 +21,18 @@ class Job(models.Model):
     class State(models.TextChoices):
         PENDING = "PENDING"
         RUNNING = "RUNNING"
+        # A stage waits (ctx.sleep, ctx.wait_for, ctx.wait_children) and no run holds a worker:
+        # the sweeper or the awaited signal or child wakes it (run_after: when, if known).
+        WAITING = "WAITING"
         COMPLETED = "COMPLETED"
         FAILED = "FAILED"
         TIMED_OUT = "TIMED_OUT"
         CANCELLED = "CANCELLED"
 
     # Not ended yet: what the running cap counts and the recovery watches.
-    UNFINISHED_STATES = (State.PENDING, State.RUNNING)
+    UNFINISHED_STATES = (State.PENDING, State.RUNNING, State.WAITING)
+    # What a run may start (-> RUNNING): a job not started yet, or one whose stage waited.
+    STARTABLE_STATES = (State.PENDING, State.WAITING)
     # Never left once reached (eventbus.job.lifecycle): the job has ended.
     FINAL_STATES = (State.COMPLETED, State.FAILED, State.TIMED_OUT, State.CANCELLED)
     # What retry_job takes: the jobs that did not complete.
@@ -59,11 +64,17 @@ class Job(models.Model):
     )
     # eventbus.cancel_job asked the running job to stop; its run ends it CANCELLED.
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    # The job whose stage started this one (ctx.start_child): cancelling the parent cancels it,
+    # and its end may wake the parent (ctx.wait_children).
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children"
+    )
     # When its first run started it (PENDING -> RUNNING).
     started_at = models.DateTimeField(null=True, blank=True)
     # A delayed start (start_job(run_after=...), a task's run_after): the job stays PENDING, its
     # run not sent, until then; the sweep sends it once due (eventbus.job.sweep.enqueue_due).
     # Kept with the job, never a broker ETA: it survives restarts of every process and of Redis.
+    # For a WAITING job: when it resumes (a sleep's end, a signal's timeout; None: when woken).
     run_after = models.DateTimeField(null=True, blank=True)
     # The Celery queue its run is sent to ("": the Celery app's default queue) and its priority
     # there (-100..100, higher first), as a django.tasks task asks (eventbus.backends).
@@ -85,7 +96,9 @@ class Job(models.Model):
             models.Index(fields=["state", "enqueued_at"], name="job_state_enqueued_at"),
             models.Index(
                 fields=["run_after"],
-                condition=models.Q(state="PENDING", enqueued_at__isnull=True, run_after__isnull=False),
+                condition=models.Q(
+                    state__in=["PENDING", "WAITING"], enqueued_at__isnull=True, run_after__isnull=False
+                ),
                 name="job_delayed_start",
             ),
         ]
@@ -100,7 +113,7 @@ class Job(models.Model):
 
 
 # A stage's states, as StageRecord.state names them; PENDING is a declared stage with no record.
-STAGE_STATES = ("PENDING", "RUNNING", "RETRYING", "COMPLETED", "FAILED", "CANCELLED")
+STAGE_STATES = ("PENDING", "RUNNING", "WAITING", "RETRYING", "COMPLETED", "FAILED", "CANCELLED")
 # The error_type a run records on the stage a cancel stopped (eventbus.jobtypes.JobCancelled).
 CANCELLED_ERROR = "JobCancelled"
 
@@ -133,6 +146,12 @@ class StageRecord(models.Model):
     # Who ran each attempt ("<host>:<pid>" of the worker process), oldest first: one per attempt,
     # as django.tasks' TaskResult.worker_ids.
     workers = models.JSONField(default=list, blank=True)
+    # The stage's durable waits, by the order its code asks for them (ctx.sleep's due times,
+    # ctx.wait_for's timeouts): a new attempt of the stage finds a wait it asked for before and
+    # does not start it again. And what it waits for now ("sleep", "signal:<name>",
+    # "children"; None: nothing), until an attempt goes past it.
+    waits = models.JSONField(default=dict, blank=True, encoder=DjangoJSONEncoder)
+    waiting_for = models.CharField(max_length=100, null=True, blank=True)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["job", "stage"], name="stage_record_job_stage")]
@@ -152,17 +171,44 @@ class StageRecord(models.Model):
 
     @property
     def state(self) -> str:
-        """COMPLETED, RETRYING (a failed attempt's retry waits), CANCELLED (a cancel stopped it:
+        """COMPLETED, WAITING (ctx.sleep, wait_for, wait_children: no attempt runs meanwhile),
+        RETRYING (a failed attempt's retry waits), CANCELLED (a cancel stopped it:
         error_type JobCancelled), FAILED (its last attempt failed) or RUNNING; a declared stage
         with no record is PENDING. Every reader of a stage's state (the jobs API, the admin)
         reads it here."""
         if self.finished_at is not None:
             return "COMPLETED"
+        if self.waiting_for is not None:
+            return "WAITING"
         if self.next_attempt_at is not None:
             return "RETRYING"
         if self.failed_at is not None and self.failed_at >= self.started_at:
             return "CANCELLED" if self.error_type == CANCELLED_ERROR else "FAILED"
         return "RUNNING"
+
+
+class JobSignal(models.Model):
+    """A signal sent to a job (eventbus.signal_job, POST /api/jobs/<id>/signals/<name>/, the
+    admin): one per (job, name), kept until a stage's ctx.wait_for(name) takes its payload, even
+    when it was sent before the stage waited. Sent again with its key, it is the same signal;
+    with another key, refused (SignalAlreadySent)."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="signals")
+    name = models.CharField(max_length=64)
+    payload = models.JSONField(default=dict, blank=True, encoder=DjangoJSONEncoder)
+    idem_key = models.CharField(max_length=255)
+    sent_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    sent_at = models.DateTimeField(default=timezone.now)
+    # When a stage's wait_for took it (None: not yet).
+    delivered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "name"], name="job_signal_once")]
+
+    def __str__(self):
+        return f"{self.job_id} {self.name}"
 
 
 class DeadLetter(models.Model):

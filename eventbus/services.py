@@ -24,9 +24,16 @@ from django.utils import timezone
 
 from eventbus import jobtypes, metrics
 from eventbus.exceptions import JobAlreadyRetried, JobEnded, JobNotRetryable
-from eventbus.job import cancellation, lifecycle, stagerecords
-from eventbus.job.limits import check_creation_cap, check_payload_size, check_running_cap
-from eventbus.jobtypes import InvalidPayload, JobType, UnknownJobType
+from eventbus.job import accepting, cancellation, lifecycle, stagerecords
+from eventbus.job.accepting import (  # OWNERLESS_SCOPE, owner_scope: importable from here, as before
+    OWNERLESS_SCOPE,  # noqa: F401
+    SAME_REQUEST,
+    accepted_before,
+    as_key,
+    check_caps,
+    owner_scope,
+)
+from eventbus.jobtypes import JobType
 from eventbus.models import Job
 from eventbus.selectors import retry_id
 from idempotency.keys import IdemKey
@@ -36,22 +43,10 @@ from idempotency.services import accept_once
 logger = logging.getLogger(__name__)
 
 State = Job.State
-# Where jobs started or retried by code keep their keys when they have no owner (the text is
-# stored with each such job: it stays as it was when eventbus.jobs became eventbus.job.runs).
-OWNERLESS_SCOPE = join_scope("fn", "eventbus.jobs")
 # Where the operator's bulk retries (the admin's action, the retry_jobs command) keep their keys:
 # three parts, where a request's scope joins two (a tenant and a principal, idempotency.scope),
 # so that no user's request can take such a key first and block the retry.
 OPERATOR_SCOPE = join_scope("op", "eventbus", "retry")
-# What must be the same for one key to give one job (else IdempotencyKeyMismatch).
-SAME_REQUEST = ("domain", "event_type", "payload", "retry_of")
-
-
-def owner_scope(owner) -> str:
-    """The scope of the owner's keys, as the default resolver gives it to their requests."""
-    if owner is None:
-        return OWNERLESS_SCOPE
-    return join_scope("-", str(owner.pk))
 
 
 def start_job(
@@ -109,42 +104,24 @@ def start_job(
         Past the owner's running cap.
     JobCreationLimitReached
         Past the owner's jobs started per period."""
-    job_class = _job_class(job_type)
-    if owner is not None and getattr(owner, "pk", None) is None:
-        raise ValueError(f"start_job() needs a saved owner (a user with a primary key), not {owner!r}")
-    if not isinstance(payload, dict):
-        raise InvalidPayload("The payload must be a JSON object.")
-    cleaned = job_class().clean_payload(dict(payload))
-    scope = scope or owner_scope(owner)
-    idem_key = _key(key)
-    if isinstance(deadline, timedelta):
-        deadline = timezone.now() + deadline
-    if isinstance(run_after, timedelta):
-        run_after = timezone.now() + run_after
-    if not -100 <= priority <= 100 or int(priority) != priority:
-        raise ValueError(f"priority must be a whole number from -100 to 100, not {priority!r}")
-    job = Job(
-        scope=scope,
-        idem_key=idem_key.value,
-        domain=job_class.name,
-        event_type="job.requested",
-        payload=cleaned,
+    return accepting.accept(
+        job_type,
+        payload,
+        key=key,
         owner=owner,
+        scope=scope,
         deadline=deadline,
         run_after=run_after,
         queue=queue,
-        priority=int(priority),
+        priority=priority,
+        on_accepted=_enqueue,
     )
-    if not _accepted_before(scope, idem_key):
-        check_payload_size(cleaned)
-        _check_caps(owner)
-    return accept_once(job, unique=("scope", "idem_key"), same=SAME_REQUEST, on_accepted=_enqueue)
 
 
 def cancel_job(job_id) -> Job:
-    """Cancel the job: PENDING ends CANCELLED at once, with its final event; RUNNING is asked
-    to stop (its stage sees ctx.cancelled, no later stage starts) and its run ends it
-    CANCELLED.
+    """Cancel the job: PENDING or WAITING ends CANCELLED at once, with its final event; RUNNING
+    is asked to stop (its stage sees ctx.cancelled, no later stage starts) and its run ends it
+    CANCELLED. Its unfinished children (ctx.start_child) are cancelled with it.
 
     Each change is a compare-and-set on the state: a job ending as it is cancelled ends in
     one state, with one final event (only its run publishes a running job's).
@@ -169,18 +146,26 @@ def cancel_job(job_id) -> Job:
     while True:
         if job.ended:
             raise JobEnded(job)
-        if job.state == State.PENDING:
+        if job.state in Job.STARTABLE_STATES:
             if lifecycle.cancel_pending(job):
                 transaction.on_commit(lambda: _publish_cancelled(job))
-                return job
+                break
         elif lifecycle.request_cancel(job):
             transaction.on_commit(lambda: cancellation.set_flag(job))
             if not _run_is_live(job):
                 # Its run waits for a stage's retry, or was lost: a run now ends it, rather than
                 # when the retry is due or the recovery finds it.
                 transaction.on_commit(lambda: _enqueue(job, again=True))
-            return job
+            break
         lifecycle.refresh_state(job)  # it started, or ended, meanwhile
+    for child_id in Job.objects.filter(parent=job, state__in=Job.UNFINISHED_STATES).values_list(
+        "pk", flat=True
+    ):
+        try:
+            cancel_job(child_id)
+        except JobEnded:
+            pass  # it ended meanwhile
+    return job
 
 
 def retry_job(job_id, *, key: str | IdemKey, owner=None, scope: str | None = None) -> tuple[Job, bool]:
@@ -218,7 +203,7 @@ def retry_job(job_id, *, key: str | IdemKey, owner=None, scope: str | None = Non
         raise JobNotRetryable(old)
     owner = owner if owner is not None else old.owner
     scope = scope or owner_scope(owner)
-    idem_key = _key(key)
+    idem_key = as_key(key)
     deadline = None
     if old.deadline is not None:  # the same time to run as the old job had
         deadline = timezone.now() + (old.deadline - old.accepted_at)
@@ -234,11 +219,11 @@ def retry_job(job_id, *, key: str | IdemKey, owner=None, scope: str | None = Non
         queue=old.queue,
         priority=old.priority,
     )
-    if not _accepted_before(scope, idem_key):
+    if not accepted_before(scope, idem_key):
         retried_by = retry_id(old)
         if retried_by is not None:
             raise JobAlreadyRetried(old, retried_by)
-        _check_caps(owner)
+        check_caps(owner)
     with transaction.atomic():
         try:
             with transaction.atomic():  # a savepoint: a concurrent retry's row refuses this one
@@ -267,32 +252,6 @@ def retry_as_operator(job: Job) -> tuple[Job, bool]:
     retry_key in OPERATOR_SCOPE, which no user's request can write; the new job is the old job's
     owner's (it shows in their list). Raises as retry_job does."""
     return retry_job(job.id, key=retry_key(job), scope=OPERATOR_SCOPE)
-
-
-def _job_class(value: str | type[JobType]) -> type[JobType]:
-    if isinstance(value, type) and issubclass(value, JobType):
-        registered = jobtypes.job_type(value.name)  # UnknownJobType unless registered
-        if registered is not value:
-            raise UnknownJobType(f"{value.__qualname__} is not the registered job type {value.name!r}")
-        return value
-    return jobtypes.job_type(value)
-
-
-def _key(key: str | IdemKey) -> IdemKey:
-    return key if isinstance(key, IdemKey) else IdemKey(str(key))
-
-
-def _accepted_before(scope: str, idem_key: IdemKey) -> bool:
-    """A job holds the key already: a replay, which gets its job whatever the limits."""
-    return Job.objects.filter(scope=scope, idem_key=idem_key.value).exists()
-
-
-def _check_caps(owner) -> None:
-    """The owner's caps on running jobs and on jobs started per period (eventbus.job.limits)."""
-    if owner is None:
-        return
-    check_running_cap(owner)
-    check_creation_cap(owner)
 
 
 def _run_is_live(job: Job) -> bool:

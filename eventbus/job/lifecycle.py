@@ -3,7 +3,9 @@
     accepted (eventbus.services)           -> PENDING
     enqueued                               -> enqueued_at set (the run_job task reached the broker)
     a run starts                           -> RUNNING
-    cancelled before it started            -> CANCELLED (eventbus.services.cancel_job)
+    a stage waits (sleep, signal, children)-> WAITING (run_after: when it resumes, if known)
+    woken (due, signalled, children ended) -> run_after now; its run starts it RUNNING again
+    cancelled before it started, or WAITING-> CANCELLED (eventbus.services.cancel_job)
     cancelled while running                -> cancel_requested_at set; its run ends it CANCELLED
     the run ends                           -> COMPLETED | FAILED | TIMED_OUT | CANCELLED (final: never left)
 
@@ -40,14 +42,38 @@ def refresh_state(job: Job) -> str:
 
 
 def start(job: Job) -> bool:
-    """PENDING -> RUNNING (a re-run finds it RUNNING already); False when the job has ended
-    meanwhile (cancelled before it started)."""
+    """PENDING or WAITING -> RUNNING (a re-run finds it RUNNING already); False when the job has
+    ended meanwhile (cancelled before it started, or while it waited)."""
     now = timezone.now()
     if Job.objects.filter(pk=job.pk, state=State.PENDING).update(state=State.RUNNING, started_at=now):
         job.state, job.started_at = State.RUNNING, now
         _count(metrics.job_started, job.domain, job.accepted_at, now)
         return True
+    if Job.objects.filter(pk=job.pk, state=State.WAITING).update(state=State.RUNNING):
+        job.state = State.RUNNING
+        return True
     return not ended_now(job)
+
+
+def wait(job: Job, *, until: datetime | None) -> bool:
+    """RUNNING -> WAITING: a stage waits, its run ends and holds no worker; the run is sent again
+    `until` (the sweeper, eventbus.job.sweep.enqueue_due), or when woken (wake()). False when the
+    job was cancelled meanwhile (the run then ends it CANCELLED) or is not RUNNING."""
+    waiting = Job.objects.filter(pk=job.pk, state=State.RUNNING, cancel_requested_at__isnull=True).update(
+        state=State.WAITING, run_after=until, enqueued_at=None
+    )
+    if waiting:
+        job.state, job.run_after, job.enqueued_at = State.WAITING, until, None
+        logger.info("Job %s WAITING%s", job.id, f" until {until.isoformat()}" if until else "")
+    return bool(waiting)
+
+
+def wake(job_id) -> bool:
+    """A WAITING job's wait is over (its signal came, its children ended): due now, its run not
+    sent (the caller sends it, or the sweeper does). False when it is not WAITING."""
+    return bool(
+        Job.objects.filter(pk=job_id, state=State.WAITING).update(run_after=timezone.now(), enqueued_at=None)
+    )
 
 
 def ended_now(job: Job) -> bool:
@@ -57,15 +83,15 @@ def ended_now(job: Job) -> bool:
 
 
 def cancel_pending(job: Job) -> bool:
-    """PENDING -> CANCELLED, when no run started it; False otherwise."""
+    """PENDING or WAITING -> CANCELLED, when no run holds it; False otherwise."""
     now = timezone.now()
-    cancelled = Job.objects.filter(pk=job.pk, state=State.PENDING).update(
+    cancelled = Job.objects.filter(pk=job.pk, state__in=Job.STARTABLE_STATES).update(
         state=State.CANCELLED, cancel_requested_at=now, completed_at=now
     )
     if cancelled:
         job.state, job.cancel_requested_at, job.completed_at = State.CANCELLED, now, now
         _count(metrics.job_ended, job.domain, State.CANCELLED, job.accepted_at, now)
-        logger.info("Job %s CANCELLED before it started", job.id)
+        logger.info("Job %s CANCELLED while no run held it", job.id)
     return bool(cancelled)
 
 
@@ -141,8 +167,20 @@ def never_enqueued(*, accepted_before: datetime, limit: int):
 
 
 def due_delayed(*, limit: int):
-    """PENDING jobs whose delayed start (run_after) is due and whose run was not sent yet, the
-    most overdue first, then the highest priority (a selector; the index job_delayed_start)."""
+    """PENDING or WAITING jobs whose delayed start or resumption (run_after) is due and whose run
+    was not sent yet, the most overdue first, then the highest priority (a selector; the index
+    job_delayed_start)."""
     return Job.objects.filter(
-        state=State.PENDING, enqueued_at__isnull=True, run_after__isnull=False, run_after__lte=timezone.now()
+        state__in=Job.STARTABLE_STATES,
+        enqueued_at__isnull=True,
+        run_after__isnull=False,
+        run_after__lte=timezone.now(),
     ).order_by("run_after", "-priority")[:limit]
+
+
+def waiting_past_deadline(*, limit: int):
+    """WAITING jobs past their deadline with no run sent (a selector): the sweeper sends their
+    run, which ends them TIMED_OUT."""
+    return Job.objects.filter(
+        state=State.WAITING, enqueued_at__isnull=True, deadline__isnull=False, deadline__lte=timezone.now()
+    )[:limit]

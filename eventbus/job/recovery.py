@@ -40,7 +40,10 @@ def stranded(*, quiet_since, limit: int):
 
     return (
         Job.objects.filter(
-            state__in=(lifecycle.State.PENDING, lifecycle.State.RUNNING), enqueued_at__isnull=False
+            # A WAITING job is stranded only once its run was sent (it was woken) and lost: until
+            # then the sweeper wakes it (enqueue_due), or a signal or a child does.
+            state__in=Job.UNFINISHED_STATES,
+            enqueued_at__isnull=False,
         )
         .annotate(
             started=Max("stage_records__started_at"),

@@ -46,7 +46,7 @@ def enqueue_due(*, limit: int = 1000) -> int:
     lose or run twice). Stops at the first failure (the broker is down: the next pass tries
     again); a run sent twice by two sweepers at once runs once (eventbus.job.runs)."""
     enqueued = 0
-    for job in lifecycle.due_delayed(limit=limit):
+    for job in [*lifecycle.due_delayed(limit=limit), *lifecycle.waiting_past_deadline(limit=limit)]:
         if not enqueue(job):
             break
         enqueued += 1
