@@ -4,10 +4,11 @@ Its public API, importable from here: publishing (`publish_event`, `publish_even
 and their errors), the job-type API a project declares its jobs with (`JobType`, `Stage`,
 `register` and the exceptions a stage raises or a caller catches: eventbus.jobtypes), `events_of`
 to test a job type without Redis or a worker, the job services (`start_job`, `cancel_job`,
-`retry_job`) and their exceptions, `enqueue_key` (keyed django.tasks enqueues: eventbus.backends), and the settings helpers for a Sentinel-managed Redis
-(`celery_broker`, `django_redis_cache`). Each is imported on first use: importing the package
-(INSTALLED_APPS, the Celery app, a settings module) must not pull in models, Redis clients or
-settings.
+`retry_job`) and their exceptions, `enqueue_key` (keyed django.tasks enqueues: eventbus.backends),
+`schedule` (a task enqueued periodically: eventbus.djangotasks.schedules), and the settings helpers
+for a Sentinel-managed Redis (`celery_broker`, `django_redis_cache`). Each is imported on first
+use: importing the package (INSTALLED_APPS, the Celery app, a settings module) must not pull in
+models, Redis clients or settings.
 """
 
 _EXPORTS = {
@@ -28,7 +29,11 @@ _EXPORTS = {
     "start_job": "eventbus.services",
     "cancel_job": "eventbus.services",
     "retry_job": "eventbus.services",
+    "signal_job": "eventbus.services",
+    "UnknownSignal": "eventbus.exceptions",
+    "SignalAlreadySent": "eventbus.exceptions",
     "enqueue_key": "eventbus.djangotasks.keys",
+    "schedule": "eventbus.djangotasks.schedules",
     "JobEnded": "eventbus.exceptions",
     "JobNotRetryable": "eventbus.exceptions",
     "JobLimitReached": "eventbus.exceptions",

@@ -69,6 +69,10 @@ DEFAULTS: dict[str, object] = {
     # Seconds between the sweeper's looks for delayed starts now due (start_job(run_after=...), a
     # django.tasks task's run_after; eventbus.job.sweep.enqueue_due): how late at most they start.
     "DELAYED_START_POLL": 1.0,
+    # Seconds an atomic stage (Stage(atomic=True)) may hold its transaction before its run logs
+    # a warning: its code runs inside it, and a long outside call there holds a connection and
+    # its row locks all along (eventbus.job.stages).
+    "ATOMIC_STAGE_WARN_SECONDS": 5.0,
     # The demo jobs' simulated work per stage, seconds (config.jobs).
     "STAGE_SECONDS": 0.2,
 }

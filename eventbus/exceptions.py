@@ -15,20 +15,23 @@ class JobServiceError(Exception):
 
 
 class JobEnded(JobServiceError):
-    """cancel_job() of a job that has ended (COMPLETED, FAILED, TIMED_OUT or CANCELLED).
+    """cancel_job() or signal_job() of a job that has ended (COMPLETED, FAILED, TIMED_OUT or
+    CANCELLED).
 
     Parameters
     ----------
     job : Job
         The job.
+    consequence : str
+        What its end means for the call (the detail's end).
     """
 
     status = 409
     title = "The job has ended"
     problem_type = "urn:problem:job-ended"
 
-    def __init__(self, job):
-        super().__init__(f"Job {job.id} is {job.state}: it has ended, there is nothing to cancel.")
+    def __init__(self, job, consequence: str = "there is nothing to cancel"):
+        super().__init__(f"Job {job.id} is {job.state}: it has ended, {consequence}.")
         self.job = job
 
 

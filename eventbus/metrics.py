@@ -93,7 +93,7 @@ JOB_OUTCOMES = ("completed", "failed", "cancelled", "timed_out")
 # What happened to a stage's attempt: it finished the stage, or failed and is run again after its
 # backoff (its Stage.timeout included), or ran past its Stage.timeout (not retried) or the job's
 # deadline, or stopped because the job was cancelled, or failed the job.
-STAGE_OUTCOMES = ("completed", "retried", "timed_out", "cancelled", "failed")
+STAGE_OUTCOMES = ("completed", "retried", "waiting", "timed_out", "cancelled", "failed")
 
 JOB_DURATION = Histogram(
     "eventbus_job_duration_seconds",

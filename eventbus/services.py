@@ -4,6 +4,7 @@
     cancel_job(job.id)                      # PENDING: CANCELLED now; RUNNING: its run stops
     new, created = retry_job(job.id, key="retry-1")   # a FAILED/TIMED_OUT/CANCELLED job
     new, created = retry_as_operator(job)             # the admin's action, retry_jobs
+    signal_job(job.id, "approve", {"by": "ann"}, key="approve-1")   # a stage's ctx.wait_for("approve")
 
 start_job and retry_job are once per (scope, key), the scope being the owner's as the jobs API
 resolves it with the default resolver (`-:<pk>`), so a job started by code and one POSTed
@@ -16,14 +17,16 @@ at most one retry (the UNIQUE Job.retry_of).
 
 from __future__ import annotations
 
+import json
 import logging
 from datetime import datetime, timedelta
 
+from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from eventbus import jobtypes, metrics
-from eventbus.exceptions import JobAlreadyRetried, JobEnded, JobNotRetryable
+from eventbus.exceptions import JobAlreadyRetried, JobEnded, JobNotRetryable, SignalAlreadySent, UnknownSignal
 from eventbus.job import accepting, cancellation, lifecycle, stagerecords
 from eventbus.job.accepting import (  # OWNERLESS_SCOPE, owner_scope: importable from here, as before
     OWNERLESS_SCOPE,  # noqa: F401
@@ -33,9 +36,12 @@ from eventbus.job.accepting import (  # OWNERLESS_SCOPE, owner_scope: importable
     check_caps,
     owner_scope,
 )
-from eventbus.jobtypes import JobType
-from eventbus.models import Job
+from eventbus.job.limits import check_payload_size
+from eventbus.jobtypes import InvalidPayload, JobType
+from eventbus.models import Job, JobSignal
 from eventbus.selectors import retry_id
+from exactly_once.jsontext import json_unstorable
+from idempotency.exceptions import IdempotencyKeyMismatch
 from idempotency.keys import IdemKey
 from idempotency.scope import join_scope
 from idempotency.services import accept_once
@@ -148,6 +154,7 @@ def cancel_job(job_id) -> Job:
             raise JobEnded(job)
         if job.state in Job.STARTABLE_STATES:
             if lifecycle.cancel_pending(job):
+                stagerecords.cancel_retry_waits(job, cancelled=True)  # a stage that waited
                 transaction.on_commit(lambda: _publish_cancelled(job))
                 break
         elif lifecycle.request_cancel(job):
@@ -240,6 +247,109 @@ def retry_job(job_id, *, key: str | IdemKey, owner=None, scope: str | None = Non
             logger.info("Job %s retries job %s (%s)", job.id, old.id, old.state)
             transaction.on_commit(lambda: metrics.job_retried(old.domain))
     return job, created
+
+
+def signal_job(
+    job_id, name: str, payload=None, *, key: str | IdemKey, sent_by=None
+) -> tuple[JobSignal, bool]:
+    """Send the signal `name` to the job: a stage's ctx.wait_for(name) returns `payload`. Kept
+    until a stage waits for it (a signal sent early is not lost); a job WAITING for it is woken
+    and its run sent once the transaction commits.
+
+    One signal of each name per job: sent again with the same key, it is the same signal (a
+    client's retry); with another key, it is refused.
+
+    Parameters
+    ----------
+    job_id
+        The job's id.
+    name : str
+        The signal's name: one its job type's stages declare (Stage(signals=...)).
+    payload : JSON, optional
+        What wait_for returns (None: `{}`), at most EVENTBUS["MAX_PAYLOAD_BYTES"].
+    key : str or IdemKey
+        The signal's idempotency key.
+    sent_by : User, optional
+        Who sends it (kept with it; None: code).
+
+    Returns
+    -------
+    tuple of (JobSignal, bool)
+        The signal, and whether this call sent it.
+
+    Raises
+    ------
+    UnknownSignal
+        For a name the job's type does not declare.
+    SignalAlreadySent
+        For a signal of that name sent before under another key.
+    IdempotencyKeyMismatch
+        For the same key with another payload.
+    JobEnded
+        For a job that has ended (a new signal could never be taken).
+    InvalidPayload
+        For a payload that is not JSON a database stores, or too large.
+    Job.DoesNotExist
+        For no job."""
+    job = Job.objects.get(pk=job_id)
+    known = jobtypes.job_type(job.domain).signal_names()
+    if name not in known:
+        raise UnknownSignal(job, name, known)
+    payload = {} if payload is None else payload
+    text = _signal_payload_text(payload)
+    idem_key = as_key(key)
+    sent = _sent_signal(job, name, idem_key, payload)
+    if sent is not None:
+        return sent, False
+    if job.ended:
+        raise JobEnded(job, "there is nothing to signal")
+    check_payload_size(json.loads(text))
+    try:
+        with transaction.atomic():
+            sent = JobSignal.objects.create(
+                job=job, name=name, payload=payload, idem_key=idem_key.value, sent_by=sent_by
+            )
+    except IntegrityError:
+        sent = _sent_signal(job, name, idem_key, payload)  # a concurrent send of it won
+        if sent is None:
+            raise
+        return sent, False
+    logger.info("Job %s sent the signal %s", job.id, name)
+    transaction.on_commit(lambda: _wake(job))
+    return sent, True
+
+
+def _signal_payload_text(payload) -> str:
+    try:
+        text = json.dumps(payload, cls=DjangoJSONEncoder, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidPayload(f"A signal's payload must be JSON: {exc}") from exc
+    if (found := json_unstorable(text)) is not None:
+        raise InvalidPayload(f"A signal's payload holds {found}, which not every database stores.")
+    return text
+
+
+def _sent_signal(job: Job, name: str, idem_key: IdemKey, payload) -> JobSignal | None:
+    """The signal `name` sent to the job before, if any: the same one for its key (and payload),
+    refused for another key."""
+    sent = JobSignal.objects.filter(job=job, name=name).first()
+    if sent is None:
+        return None
+    if sent.idem_key != idem_key.value:
+        raise SignalAlreadySent(job, name)
+    if json.dumps(sent.payload, sort_keys=True, cls=DjangoJSONEncoder) != json.dumps(
+        json.loads(json.dumps(payload, cls=DjangoJSONEncoder)), sort_keys=True
+    ):
+        raise IdempotencyKeyMismatch(f"Key {idem_key} of the signal {name!r} was used with another payload.")
+    return sent
+
+
+def _wake(job: Job) -> None:
+    """The job's wait may be over: a WAITING job is due now and its run sent (the sweeper sends
+    it otherwise)."""
+    if lifecycle.wake(job.pk):
+        job.refresh_from_db()
+        _enqueue(job)
 
 
 def retry_key(job: Job) -> str:

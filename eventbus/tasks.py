@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 def run_job(self, job_id: str, failures: int = 0) -> str:
     final_attempt = failures >= runs.MAX_TRANSIENT_RETRIES
     try:
-        return runs.run(job_id, fail_on_transient=final_attempt)
+        return runs.run(job_id, fail_on_transient=final_attempt, send=enqueue)
     except runs.JobBusy as busy:
         raise _retry(self, busy.retry_in) from busy
     except StageRetry as retry:

@@ -35,6 +35,7 @@ EVENTBUS = {
         "tests.eventbus.jobtypes.StagedJob",
         "tests.eventbus.jobtypes.FlakyJob",
         "tests.eventbus.jobtypes.PatientFlakyJob",
+        "tests.eventbus.jobtypes.DurableJob",
     ),
 }
 # A keyed request killed with its web process keeps its key until its lease expires: the chaos

@@ -92,6 +92,9 @@ def cancel_pending(job: Job) -> bool:
         job.state, job.cancel_requested_at, job.completed_at = State.CANCELLED, now, now
         _count(metrics.job_ended, job.domain, State.CANCELLED, job.accepted_at, now)
         logger.info("Job %s CANCELLED while no run held it", job.id)
+        if job.parent_id is not None:
+            parent_id = job.parent_id
+            transaction.on_commit(lambda: wake_parent(parent_id))
     return bool(cancelled)
 
 
@@ -129,7 +132,23 @@ def end(job: Job, state: str) -> bool:
     if ended:
         _count(metrics.job_ended, job.domain, state, job.accepted_at, now)
         logger.info("Job %s %s", job.id, state)
+        if job.parent_id is not None:
+            parent_id = job.parent_id
+            transaction.on_commit(lambda: wake_parent(parent_id))
     return bool(ended)
+
+
+def wake_parent(parent_id) -> bool:
+    """Wake a parent whose stage waits for its children (ctx.wait_children) once none of them is
+    unfinished; the sweeper sends its run (EVENTBUS["DELAYED_START_POLL"]). Each child's end asks:
+    the last one to commit finds them all ended."""
+    from eventbus.models import StageRecord
+
+    if Job.objects.filter(parent_id=parent_id, state__in=Job.UNFINISHED_STATES).exists():
+        return False
+    if not StageRecord.objects.filter(job_id=parent_id, waiting_for="children").exists():
+        return False
+    return wake(parent_id)
 
 
 def _count(observe, *args) -> None:

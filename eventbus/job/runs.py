@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
+from collections.abc import Callable
 from contextlib import contextmanager
 
 import redis
@@ -33,6 +34,7 @@ from eventbus.bus.keys import JobKeys
 from eventbus.conf import eventbus_settings
 from eventbus.job import cancellation, lifecycle, stagerecords
 from eventbus.job.stages import DeadlinePassed, RunStopped, StageRetry, failure_of, publish_final, run_stages
+from eventbus.job.waits import StageWaiting
 from eventbus.jobtypes import JobCancelled, JobFailed, JobType, UnknownJobType
 from eventbus.models import Job
 from eventbus.redis.clients import get_redis
@@ -117,9 +119,11 @@ class RunLease:
         return max(self.client.pttl(self.key), 0) / 1000 + 0.2
 
 
-def run(job_id: str, *, fail_on_transient: bool = True) -> str:
-    """Run the job to its end; returns the outcome ("COMPLETED", "FAILED", "TIMED_OUT",
-    "CANCELLED", "skipped", "missing" or "lease_lost").
+def run(job_id: str, *, fail_on_transient: bool = True, send: Callable[[Job], object] | None = None) -> str:
+    """Run the job to its end, or until a stage waits; returns the outcome ("COMPLETED",
+    "FAILED", "TIMED_OUT", "CANCELLED", "waiting", "skipped", "missing" or "lease_lost").
+    `send` sends a job's run (a child's, a job woken as it went WAITING: eventbus.tasks.enqueue);
+    None: the sweeper sends them.
 
     Raises JobBusy while another run holds the job, StageRetry when a stage's retry waits, and
     one of TRANSIENT_ERRORS when Redis or the database failed and `fail_on_transient` is false
@@ -150,7 +154,9 @@ def run(job_id: str, *, fail_on_transient: bool = True) -> str:
         if lifecycle.past_deadline(job):
             return _conclude(job, job_type, State.TIMED_OUT)
         logger.info("Job %s running (%s, was %s)", job_id, job.domain, was)
-        return _run_stages(job, job_type, lease)
+        return _run_stages(job, job_type, lease, send)
+    except StageWaiting as waiting:
+        return _wait(job, job_type, waiting, send)
     except DeadlinePassed:
         return _conclude(job, job_type, State.TIMED_OUT)
     except JobCancelled as cancelled:
@@ -177,7 +183,21 @@ def run(job_id: str, *, fail_on_transient: bool = True) -> str:
         lease.release()
 
 
-def _run_stages(job: Job, job_type: JobType, lease: RunLease) -> str:
+def _wait(job: Job, job_type: JobType, waiting: StageWaiting, send) -> str:
+    """A stage waits: the job goes WAITING and the run ends, holding no worker. What it waits for
+    may have come just before (a signal, a child's end: they wake only a WAITING job), so it is
+    asked once more now that the job is WAITING."""
+    if not lifecycle.wait(job, until=waiting.until):
+        if lifecycle.ended_now(job):
+            return "skipped"
+        logger.info("Job %s: cancelled as stage %s went to wait", job.id, waiting.stage)
+        return _conclude(job, job_type, State.CANCELLED)
+    if waiting.ready is not None and waiting.ready() and lifecycle.wake(job.pk) and send is not None:
+        send(job)
+    return "waiting"
+
+
+def _run_stages(job: Job, job_type: JobType, lease: RunLease, send=None) -> str:
     def after_event() -> None:
         lease.renew()
         if lifecycle.past_deadline(job):
@@ -190,6 +210,7 @@ def _run_stages(job: Job, job_type: JobType, lease: RunLease) -> str:
             after_event=after_event,
             is_cancelled=lambda: cancellation.requested(job),
             root_id=lifecycle.chain_root_id(job),
+            send=send,
         )
         outcome = job_type.outcome(results) or {}
         publish_final(job, job_type, State.COMPLETED, **outcome)
@@ -223,6 +244,6 @@ def _conclude(job: Job, job_type: JobType | None, state: str, **data) -> str:
 
 def _record_end(job: Job, state: str) -> str:
     if lifecycle.end(job, state) and state != State.COMPLETED:
-        # A retry that waited will not come: the stage is no longer RETRYING.
-        stagerecords.cancel_retry_waits(job)
+        # A retry or a wait that waited will not come: the stage is no longer RETRYING or WAITING.
+        stagerecords.cancel_retry_waits(job, cancelled=state == State.CANCELLED)
     return state

@@ -22,7 +22,7 @@ from datetime import timedelta
 from django.db import connections
 from django.utils import timezone
 
-from eventbus.models import Job, StageRecord
+from eventbus.models import CANCELLED_ERROR, Job, StageRecord
 from exactly_once.upsert import column, insert_statement
 
 
@@ -79,9 +79,29 @@ def record_failure(
     )
 
 
-def cancel_retry_waits(job) -> None:
-    """A retry that waited will not come (the job ended): no stage of the job is RETRYING."""
+def record_wait(job, stage: str, *, waits: dict, waiting_for: str) -> None:
+    """The stage waits (eventbus.job.waits): what for, and its durable waits as its attempt
+    left them, unless the stage is finished."""
+    StageRecord.objects.filter(job=job, stage=stage, finished_at__isnull=True).update(
+        waits=waits, waiting_for=waiting_for
+    )
+
+
+def cancel_retry_waits(job, *, cancelled: bool = False) -> None:
+    """A retry that waited will not come (the job ended): no stage of the job is RETRYING, nor
+    WAITING; a stage that waited when the job was cancelled reads CANCELLED."""
     StageRecord.objects.filter(job=job, next_attempt_at__isnull=False).update(next_attempt_at=None)
+    waiting = StageRecord.objects.filter(job=job, waiting_for__isnull=False, finished_at__isnull=True)
+    if cancelled:
+        waiting.update(
+            waiting_for=None,
+            error_type=CANCELLED_ERROR,
+            error_class="eventbus.jobtypes.JobCancelled",
+            error_message="The job was cancelled while the stage waited.",
+            failed_at=timezone.now(),
+        )
+    else:
+        waiting.update(waiting_for=None)
 
 
 def copy_finished(old, new) -> None:

@@ -18,6 +18,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
@@ -25,10 +26,14 @@ from django.utils import timezone
 
 from eventbus import metrics
 from eventbus.bus.publish import publish_event
+from eventbus.conf import eventbus_settings
 from eventbus.job import stagerecords
+from eventbus.job import waits as durable_waits
+from eventbus.job.waits import StageWaiting
 from eventbus.jobtypes import FINAL_STAGE, JobCancelled, JobFailed, JobType, PlannedStage, StageTimeout
 from eventbus.models import Job, StageRecord
 from exactly_once.jsontext import json_unstorable, nested_deeper_than
+from idempotency.transactions import write_transaction
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +93,13 @@ class StageContext:
     # Whether the job was cancelled (eventbus.job.cancellation.requested); None: never.
     is_cancelled: Callable[[], bool] | None = None
     started: float = field(default_factory=time.monotonic)
+    # The stage's durable waits (StageRecord.waits), as this attempt finds and adds to them.
+    waits: dict = field(default_factory=dict)
+    _job: Job | None = None
+    # Sends a job's run (a child's, once its accepting transaction commits); None: the sweeper does.
+    _send: Callable[[Job], None] | None = None
+    _wait_counts: dict = field(default_factory=dict)
+    _children: list = field(default_factory=list)
 
     @property
     def key(self) -> str:
@@ -107,6 +119,37 @@ class StageContext:
         `report()` calls it: a stage that reports is stopped at its next report."""
         if self.cancelled:
             raise JobCancelled(f"Job {self.job_id} was cancelled during stage {self.stage!r}")
+
+    def sleep(self, duration: float | timedelta) -> None:
+        """Wait `duration` (seconds, or a timedelta) without holding a worker: the attempt ends,
+        the job is WAITING until then, and the stage runs again from its start; this call, asked
+        again, then returns at once. The due time is kept with the job: it survives restarts of
+        every process and of Redis. A cancel ends the wait at once (the job ends CANCELLED)."""
+        durable_waits.sleep(self, duration)
+
+    def wait_for(self, name: str, *, timeout: float | timedelta | None = None):
+        """The payload of the signal `name` sent to the job (eventbus.signal_job, the jobs API,
+        the admin), waiting for it without holding a worker (the job is WAITING; the signal wakes
+        it). A signal sent before the stage waits is kept for it. Past `timeout` (seconds or a
+        timedelta; None: no limit) raises StageTimeout, which the stage's retries apply to.
+        `name` must be one of the stage's `Stage(signals=...)`."""
+        return durable_waits.wait_for(self, name, timeout)
+
+    def start_child(self, job_type, payload: dict) -> Job:
+        """Start a child job of this one (its `parent`), once per (job, stage, index of this
+        call in the stage) whatever the re-runs: the same call on a later attempt gives the same
+        job. Returns the child Job. Cancelling this job cancels its unfinished children."""
+        return durable_waits.start_child(self, job_type, payload)
+
+    def wait_children(self) -> list[dict]:
+        """Wait, without holding a worker, until every child this attempt started (start_child)
+        has ended; returns each one's `{"job_id", "domain", "state", "results"}` (its finished
+        stages' results by stage), in the order they were started."""
+        return durable_waits.wait_children(self)
+
+    def _next_wait(self, kind: str) -> str:
+        count = self._wait_counts[kind] = self._wait_counts.get(kind, 0) + 1
+        return f"{kind}:{count}"
 
     def check_timeout(self) -> None:
         timeout = self._planned.stage.timeout
@@ -140,14 +183,15 @@ def run_stages(
     after_event: Callable[[], None],
     is_cancelled: Callable[[], bool] | None = None,
     root_id: str | None = None,
+    send: Callable[[Job], None] | None = None,
 ) -> dict:
     """Run the job's stages in order; returns the results by stage name. `after_event` runs
     after every event published (it renews the run lease and checks the deadline, raising to
     stop the run). `is_cancelled` says whether the job was cancelled (cheaply: the running
     stage asks it at each report); before each stage the database is asked. `root_id`: the
-    retry chain's first job (the stages' keys).
+    retry chain's first job (the stages' keys). `send`: sends a job's run (a child's).
 
-    Raises JobCancelled (the job was cancelled: no later stage starts), StageRetry (a failed
+    Raises StageWaiting (a stage waits: its record says for what), JobCancelled (the job was cancelled: no later stage starts), StageRetry (a failed
     attempt's retry waits), or the stage's exception (the job fails)."""
     job_id, domain = str(job.id), job.domain
     records = {r.stage: r for r in StageRecord.objects.filter(job=job)}
@@ -199,13 +243,32 @@ def run_stages(
             emit,
             root_id=root_id,
             is_cancelled=is_cancelled,
+            waits=dict(records[planned.name].waits or {}),
+            _job=job,
+            _send=send,
         )
         outcome = None  # the attempt's, for the metrics (none: the run was taken over)
+        following = plan[index + 1].name if index + 1 < len(plan) else None
         try:
-            result = run_stage(job_type, ctx)
-            following = plan[index + 1].name if index + 1 < len(plan) else None
-            started, cancelled = _finish(records, job, planned.name, result, ctx.events, then_start=following)
+            if planned.stage.atomic:
+                # Its ORM writes and the write that records it finished commit together, once.
+                with write_transaction():
+                    result = run_stage(job_type, ctx)
+                    started, cancelled = _finish(
+                        records, job, planned.name, result, ctx.events, then_start=following, waits=ctx.waits
+                    )
+                _warn_if_long(job_id, planned.name, ctx.started)
+            else:
+                result = run_stage(job_type, ctx)
+                started, cancelled = _finish(
+                    records, job, planned.name, result, ctx.events, then_start=following, waits=ctx.waits
+                )
             outcome = "completed"
+        except StageWaiting as waiting:
+            outcome = "waiting"
+            stagerecords.record_wait(job, planned.name, waits=ctx.waits, waiting_for=waiting.waiting_for)
+            records[planned.name].waiting_for = waiting.waiting_for
+            raise
         except RunStopped as exc:
             outcome = "timed_out" if isinstance(exc, DeadlinePassed) else None
             raise  # no fault of the stage's
@@ -246,6 +309,20 @@ def run_stages(
                 metrics.stage_attempt(domain, planned.name, outcome, time.monotonic() - ctx.started)
         results[planned.name] = result
     return results
+
+
+def _warn_if_long(job_id: str, stage: str, started: float) -> None:
+    """An atomic stage held its transaction (and a connection, and its locks) all along: say so
+    when that was long, so that its outside calls can move to a stage of their own."""
+    held = time.monotonic() - started
+    if held > eventbus_settings.ATOMIC_STAGE_WARN_SECONDS:
+        logger.warning(
+            "Job %s: atomic stage %s held its database transaction for %.1f s (over "
+            "EVENTBUS['ATOMIC_STAGE_WARN_SECONDS']): keep long outside calls out of atomic stages",
+            job_id,
+            stage,
+            held,
+        )
 
 
 def _cancelled_anyway(is_cancelled: Callable[[], bool]) -> bool:
@@ -313,11 +390,14 @@ def _retry_due_in(record: StageRecord | None) -> float:
 
 
 def _started(records: dict[str, StageRecord], job, stage: str) -> StageRecord:
-    """The stage's record (kept in `records`), one attempt more, started now; not written: the
-    caller saves it, alone or with the stage before it."""
+    """The stage's record (kept in `records`), one attempt more, started now (a stage resumed
+    after its wait goes on with the same attempt); not written: the caller saves it, alone or
+    with the stage before it."""
     record = records.get(stage) or StageRecord(job=job, stage=stage)
-    record.attempts += 1
-    record.workers = [*record.workers, worker_id()][-MAX_WORKERS:]
+    if record.waiting_for is None:
+        record.attempts += 1
+        record.workers = [*record.workers, worker_id()][-MAX_WORKERS:]
+    record.waiting_for = None
     record.started_at = timezone.now()
     record.next_attempt_at = None
     records[stage] = record
@@ -325,7 +405,14 @@ def _started(records: dict[str, StageRecord], job, stage: str) -> StageRecord:
 
 
 def _finish(
-    records: dict[str, StageRecord], job, stage: str, result, events: list, *, then_start: str | None
+    records: dict[str, StageRecord],
+    job,
+    stage: str,
+    result,
+    events: list,
+    *,
+    then_start: str | None,
+    waits: dict | None = None,
 ) -> tuple[str | None, bool]:
     """Record the finished stage and, in the same write, start `then_start` (the next stage)
     unless it is finished or its retry waits. Returns the stage it started (or None) and
@@ -333,6 +420,7 @@ def _finish(
     _refuse_nul(stage, "events", json.dumps(events, cls=DjangoJSONEncoder))
     record = records[stage]
     record.result, record.events, record.finished_at = result, events, timezone.now()
+    record.waits, record.waiting_for = waits if waits is not None else record.waits, None
     # An earlier attempt's failure (retried, or a run that was interrupted) is over.
     record.error_type = record.error_class = record.error_message = None
     record.error_traceback = record.failed_at = None

@@ -160,3 +160,45 @@ class PatientFlakyJob(FlakyJob):
         Stage("wait", "Waiting", width=50),
         Stage("finish", "Finishing"),
     )
+
+
+class DurableJob(JobType):
+    """Durable stages as a user writes them: an atomic stage's ledger line, a sleep, a signal
+    and children, each step logged to the payload's `log` (counted by the tests)."""
+
+    name = "durable"
+    stages = (
+        Stage("pay", "Paying", atomic=True),
+        Stage("pause", "Pausing"),
+        Stage("review", "Waiting for approval", signals=("approve",)),
+        Stage("fan_out", "Running the children"),
+    )
+
+    def pay(self, ctx):
+        from config.models import LedgerEntry
+
+        LedgerEntry.objects.create(job_id=ctx.job_id, stage="pay", amount=ctx.payload.get("amount", 1))
+        log(ctx.payload["log"], "pay")
+        if ctx.payload.get("fail_pay_after_write"):
+            raise RuntimeError("after the write")
+        return {"paid": True}
+
+    def pause(self, ctx):
+        log(ctx.payload["log"], "pause-before")
+        ctx.sleep(ctx.payload.get("sleep", 0))
+        log(ctx.payload["log"], "pause-after")
+        return {}
+
+    def review(self, ctx):
+        if ctx.payload.get("skip_review"):
+            return {"approved": None}
+        decision = ctx.wait_for("approve", timeout=ctx.payload.get("review_timeout"))
+        log(ctx.payload["log"], f"approved {decision.get('by')}")
+        return {"approved": decision.get("by")}
+
+    def fan_out(self, ctx):
+        children = ctx.payload.get("children", 0)
+        for i in range(children):
+            ctx.start_child("staged", {"log": ctx.payload["log"], "i": i})
+        ended = ctx.wait_children()
+        return {"children": [child["state"] for child in ended]}
