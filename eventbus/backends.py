@@ -15,20 +15,18 @@ completion, as a job of this toolkit:
 - The run is a job's: recorded, resumed after a worker dies (attempts counted), cancellable and
   retryable (cancel_job, retry_job, the jobs API, the admin), streamed on the job's WebSocket.
 - `TaskResult.id` is the job's id; get_result() reads it from the database, from any process.
+- OPTIONS["SCHEDULES"] enqueues tasks periodically, each tick once (`manage.py run_scheduler`,
+  eventbus.djangotasks.schedules; `eventbus.schedule()` declares one in code).
 
 On Django 5.2, Django's task API comes from the `django-tasks` backport (eventbus.djangotasks.compat).
 """
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 from django.core.checks import Error
-from django.db import transaction
 
-from eventbus.djangotasks import compat, keys, results
-from eventbus.djangotasks.taskjob import TaskJob
+from eventbus.djangotasks import compat, keys, results, schedules
+from eventbus.djangotasks.enqueue import enqueue_as
 
 __all__ = ["ExactlyOnceBackend"]
 
@@ -42,7 +40,8 @@ class ExactlyOnceBackend(compat.BaseTaskBackend):
         The backend's name in TASKS.
     params : dict
         Its TASKS entry: QUEUES (the queue names tasks may use; default `["default"]`) and
-        OPTIONS (none are read yet: an unknown one is refused by its check).
+        OPTIONS: SCHEDULES, the periodic schedules of its tasks (eventbus.djangotasks.schedules);
+        an unknown option is refused by its check.
     """
 
     supports_defer = True
@@ -76,34 +75,8 @@ class ExactlyOnceBackend(compat.BaseTaskBackend):
         IdempotencyKeyMismatch
             For a keyed enqueue whose key was used with another task or other arguments.
         """
-        from eventbus.services import start_job
-
-        self.validate_task(task)
-        args, kwargs = _json_arguments(list(args), dict(kwargs))
         scope, key, owner = keys.next_key()
-        payload = {
-            "task": task.module_path,
-            "args": args,
-            "kwargs": kwargs,
-            "queue_name": task.queue_name,
-            "backend": self.alias,
-            "takes_context": task.takes_context,
-        }
-        job, created = start_job(
-            TaskJob,
-            payload,
-            key=key,
-            owner=owner,
-            scope=scope,
-            run_after=task.run_after,
-            queue=celery_queue(task.queue_name),
-            priority=task.priority,
-        )
-        result = results.result_of(job, read_record=not created)
-        if created:
-            sender = type(self)
-            transaction.on_commit(lambda: compat.task_enqueued.send(sender, task_result=result))
-        return result
+        return enqueue_as(self, task, args, kwargs, scope=scope, key=key, owner=owner)[0]
 
     def get_result(self, result_id):
         """The task's result as it stands, read from its job (any process).
@@ -144,28 +117,12 @@ class ExactlyOnceBackend(compat.BaseTaskBackend):
                     id="eventbus.E021",
                 )
             )
+        errors.extend(schedules.check_backend(self))
         return errors
 
 
-KNOWN_OPTIONS: set[str] = set()
-
-
-def celery_queue(queue_name: str) -> str:
-    """The Celery queue of a django.tasks queue: the same name, but `default`, which is the
-    Celery app's default queue ("" on the job: no queue named)."""
-    return "" if queue_name == compat.DEFAULT_TASK_QUEUE_NAME else queue_name
+KNOWN_OPTIONS = {"SCHEDULES"}
 
 
 def _queue_name_ok(name) -> bool:
     return isinstance(name, str) and 0 < len(name) <= 64 and all(c.isalnum() or c in "._-" for c in name)
-
-
-def _json_arguments(args: list, kwargs: dict) -> tuple[list, dict]:
-    """The arguments as they are stored and given to the task: JSON, as django.tasks asks
-    (tuples become lists); TypeError for anything else (a model instance: pass its pk)."""
-    try:
-        normal: Any = compat.normalize_json({"args": args, "kwargs": kwargs})
-        json.dumps(normal, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"A task's arguments must be JSON (pass a model's pk, not the model): {exc}") from exc
-    return normal["args"], normal["kwargs"]

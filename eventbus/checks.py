@@ -186,3 +186,22 @@ def check_passwords_in_error_reports(app_configs=None, **kwargs):
             id="eventbus.W001",
         )
     ]
+
+
+@register()
+def check_task_backends(app_configs=None, **kwargs):
+    """ExactlyOnceBackend's own checks (its OPTIONS, QUEUES and SCHEDULES: eventbus.backends) where
+    nothing else runs them: Django 6 runs every TASKS backend's check, but the Django 5.2 backport
+    only when `django_tasks` is an installed app."""
+    from django.apps import apps
+
+    if not getattr(settings, "TASKS", None) or apps.is_installed("django_tasks"):
+        return []
+    try:
+        from eventbus.djangotasks import compat
+        from eventbus.djangotasks.schedules import exactly_once_aliases
+    except ImportError:  # no django.tasks here: Django's own check of TASKS says nothing of ours
+        return []
+    if compat.API == "django.tasks":
+        return []
+    return [error for alias in exactly_once_aliases() for error in compat.task_backends[alias].check()]

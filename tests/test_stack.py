@@ -33,6 +33,7 @@ READY = {
     "web": r"Uvicorn running on",
     "worker": r"celery@\S+ ready\.",
     "sweeper": r"Sweeping every",
+    "scheduler": r"Scheduling \d+ schedule\(s\)",
     "router": r"eventbus\.bus\.router router ",
     "reclaimer": r"reclaimer: \d+ entries claimed",
 }

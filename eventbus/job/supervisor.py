@@ -1,6 +1,6 @@
 """The bus's processes under one command (`manage.py run_jobs`): the Celery worker, run_router,
-run_reclaimer and sweep_jobs, started together, their output in one terminal, each started
-again when it dies.
+run_reclaimer, sweep_jobs and run_scheduler, started together, their output in one terminal,
+each started again when it dies.
 
 A process manager such as honcho stops every process when one exits; here a killed worker is
 only started again (after 1 s, doubling up to 30 s while it keeps dying at once), so the others

@@ -1,4 +1,4 @@
-"""run_jobs: the processes that run and deliver jobs, in one terminal (eventbus.job.supervisor)."""
+"""run_jobs: the processes that run, deliver and schedule jobs, in one terminal (eventbus.job.supervisor)."""
 
 import os
 import signal
@@ -17,8 +17,8 @@ def sweep_interval() -> float:
 
 class Command(BaseCommand):
     help = (
-        "Start the Celery worker, run_router, run_reclaimer and sweep_jobs, print their output "
-        "(each line prefixed with its process's name), and start again any that dies. "
+        "Start the Celery worker, run_router, run_reclaimer, sweep_jobs and run_scheduler, print their "
+        "output (each line prefixed with its process's name), and start again any that dies. "
         "SIGTERM/SIGINT: stop them all cleanly (again to kill them)."
     )
 
@@ -45,6 +45,7 @@ class Command(BaseCommand):
             "router": [python, "-m", "django", "run_router"],
             "reclaimer": [python, "-m", "django", "run_reclaimer"],
             "sweeper": [python, "-m", "django", "sweep_jobs", "--interval", f"{sweep_interval():g}"],
+            "scheduler": [python, "-m", "django", "run_scheduler"],
         }
         # The children import the project as this process does: from its folder (manage.py's).
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
