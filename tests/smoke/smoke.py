@@ -80,6 +80,7 @@ JOBS_PROCESSES = {
     "router": "run_router: running",
     "reclaimer": "run_reclaimer: running",
     "sweeper": "Sweeping every",
+    "scheduler": "Scheduling ",
 }
 TUTORIAL_REDIS_PORT = "6380"  # the tutorial's own Redis, replaced by a free port as 8000 is
 TAKEN_PORT = 6379  # a Redis already running there (Debian's service) must not get in the way
