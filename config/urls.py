@@ -18,6 +18,8 @@ urlpatterns = [
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("metrics", views.metrics, name="metrics"),
     path("idempotency/", include("idempotency.urls")),
+    # The demo's django.tasks task, enqueued under the request's Idempotency-Key (config.views).
+    path("demo/tasks/", views.DemoTasksView.as_view(), name="demo-tasks"),
     # The jobs API's OpenAPI 3 schema (gateway.openapi); YAML, or JSON with ?format=json.
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("", include("gateway.urls")),

@@ -3,7 +3,7 @@ private database and private Redis, faults at random, then the checker's report.
 
     python -m tests.e2e.chaos [--jobs 200] [--clients 20] [--duration 300] [--seed N]
                               [--cluster | --sentinel] [--stage-seconds 0.4] [--settle-timeout 180]
-                              [--short] [--<fault>s N ...]
+                              [--task-share 0.25] [--short] [--<fault>s N ...]
 
 The database: a SQLite file in a temporary folder, or, when DATABASE_URL names a PostgreSQL
 server, a database `chaos_<pid>` created there (dropped at the end). Exit status 0 when every
@@ -73,6 +73,13 @@ def main(argv: list[str] | None = None) -> int:
         help="Redis as a Sentinel-managed master and replica (3 sentinels), failed over under load.",
     )
     parser.add_argument("--stage-seconds", type=float, default=0.4)
+    parser.add_argument(
+        "--task-share",
+        type=float,
+        default=None,
+        help="Of the --jobs keys, the share that are django.tasks tasks (POST /demo/tasks/, half of "
+        "them delayed 1-5 s) in place of jobs (default 0.25).",
+    )
     parser.add_argument("--settle-timeout", type=float, default=180.0)
     parser.add_argument("--worker-kills", type=int, default=None)
     parser.add_argument("--pool-kills", type=int, default=None)
@@ -131,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                 **values,
             )
         faults = ("worker_kills", "pool_kills", "daphne_kills", "redis_restarts", "network_stalls")
-        for name in (*faults, "failovers", "backend_kills"):
+        for name in (*faults, "failovers", "backend_kills", "task_share"):
             if getattr(args, name) is not None:
                 setattr(config, name, getattr(args, name))
         result = run_chaos(config)

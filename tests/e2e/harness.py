@@ -13,10 +13,13 @@ for Celery's broker and the cache, or a Sentinel-managed master and replica), 2 
 (the test database under pytest, a private one under `python -m tests.e2e.chaos`).
 
 Workload: `clients` users, each with a DRF token (HTTP) and a session from /accounts/login/
-(WebSocket). Each job is POSTed 1-3 times with one Idempotency-Key, the copies either at the
-same moment or one after the other; a 409 (in flight) is retried until it resolves. Each job is
-watched by 1-3 WebSocket clients that disconnect at random (clean close or a dropped TCP
-connection) and resume with ?last_seq= of the last event they got.
+(WebSocket). Each key is a job POSTed to /api/jobs/ or, for a share of the keys (`task_share`),
+a django.tasks task POSTed to the demo's /demo/tasks/ (config.tasks.record_visit, run by
+eventbus.backends.ExactlyOnceBackend), some of them delayed 1-5 s (run_after: the sweeper sends
+them when due). Each key is POSTed 1-3 times, the copies either at the same moment or one after
+the other; a 409 (in flight) is retried until it resolves. Each job or task is watched by 1-3
+WebSocket clients that disconnect at random (clean close or a dropped TCP connection) and resume
+with ?last_seq= of the last event they got.
 
 Faults: a router SIGKILLed every few seconds and restarted (alternately under its old consumer
 name, whose pending entries it recovers itself, and a new one, whose entries the reclaimer
@@ -35,7 +38,9 @@ and retries it.
 Checker (see `Checker`): one job row and one completion per key, identical responses to
 retries, each (job, stage, seq) once in the streams, state = final event, history complete,
 nothing pending, no dead letter, each watcher saw the job's full seq list in order with no
-duplicate, gap or reset; plus the counts of what each layer dropped and what was killed.
+duplicate, gap or reset; for the tasks, the task's job keyed from the request's key, SUCCESSFUL
+with its return value, a delayed one started no earlier than its run_after; plus the counts of
+what each layer dropped and what was killed.
 """
 
 from __future__ import annotations
@@ -68,7 +73,8 @@ from .proxy import StallingProxy
 
 log = logging.getLogger("chaos")
 
-FINAL_SEQ = 51
+TASKS_PATH = "/demo/tasks/"
+TASK_PATH = "config.tasks.record_visit"
 WEB_APP = "chaos-web"  # the application_name of the web servers' PostgreSQL sessions
 UUID_RE = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 
@@ -86,6 +92,8 @@ class ChaosConfig:
     stage_seconds: float = 0.4  # simulated work per stage: a scan job runs ~1.6 s
     max_copies: int = 3  # each POST is sent 1..max_copies times with the same key
     max_watchers: int = 3  # each job is watched by 1..max_watchers WebSocket clients
+    task_share: float = 0.25  # of the keys: a django.tasks task (POST /demo/tasks/), not a job
+    delayed_task_share: float = 0.5  # of the tasks: started 1-5 s after the POST (run_after)
     router_kill_every: tuple[float, float] = (3.0, 6.0)
     worker_kills: int = 2  # a whole worker SIGKILLed mid-job, then restarted
     pool_kills: int = 1  # a worker's pool processes SIGKILLed mid-job
@@ -519,6 +527,10 @@ class Watch:
 
 @dataclass
 class Job:
+    """One key of the workload: a job (scan, chat) POSTed to /api/jobs/, or a task (domain
+    `task`: `payload` is the body POSTed to /demo/tasks/); `job_id` is the job's id either way
+    (a task's result id is its job's)."""
+
     index: int
     user: User
     key: str
@@ -532,11 +544,46 @@ class Job:
     job_id: str | None = None
     watches: list[Watch] = field(default_factory=list)
 
+    @property
+    def is_task(self) -> bool:
+        from eventbus.djangotasks.names import TASK_JOB
+
+        return self.domain == TASK_JOB
+
+    @property
+    def path(self) -> str:
+        return TASKS_PATH if self.is_task else "/api/jobs/"
+
+    @property
+    def body(self) -> dict:
+        return self.payload if self.is_task else {"domain": self.domain, "payload": self.payload}
+
+    @property
+    def id_field(self) -> str:
+        return "task_id" if self.is_task else "job_id"
+
+    @property
+    def final_seq(self) -> int:
+        return self.expected[-1]
+
+    @property
+    def task_key(self) -> str:
+        """A task's job key: the request's key's first derived key (eventbus.djangotasks.keys)."""
+        return f"{self.key}:1"
+
 
 def expected_seqs(domain: str, payload: dict) -> list[int]:
     from eventbus.testing import events_of
 
     return [seq for _stage, seq, _data in events_of(domain, payload)]
+
+
+def task_seqs(n: int) -> list[int]:
+    """record_visit(n)'s seqs: one progress event per visit in its `run` stage, then the final."""
+    from eventbus.djangotasks.taskjob import TaskJob
+
+    first = TaskJob.plan()[0].first_seq
+    return [first + i for i in range(n)] + [TaskJob.final_seq()]
 
 
 WORDS = [
@@ -638,14 +685,26 @@ class Run:
             self.users.append(User(user.username, password, token.key, pk=user.pk))
 
     def plan(self) -> None:
-        for index in range(self.config.jobs):
+        from eventbus.djangotasks.names import TASK_JOB
+
+        jobs = self.config.jobs
+        # A share of the keys are tasks in place of jobs (the run's size stays), half of them delayed.
+        tasks = self.rng.sample(range(jobs), min(jobs, round(jobs * self.config.task_share)))
+        delayed = set(self.rng.sample(tasks, round(len(tasks) * self.config.delayed_task_share)))
+        for index in range(jobs):
             user = self.users[index % len(self.users)]
-            domain = self.rng.choice(("scan", "chat"))
-            if domain == "chat":
+            domain = TASK_JOB if index in tasks else self.rng.choice(("scan", "chat"))
+            expected: list[int] | None = None
+            payload: dict[str, object]
+            if domain == TASK_JOB:
+                n = self.rng.randint(1, 5)  # visits: a stage's work each (STAGE_SECONDS), as a scan's
+                payload = {"n": n}
+                if index in delayed:
+                    payload["delay"] = round(self.rng.uniform(1, 5), 2)
+                expected = task_seqs(n)
+            elif domain == "chat":
                 words = self.rng.randint(1, 30)
-                payload: dict[str, object] = {
-                    "prompt": " ".join(self.rng.choice(WORDS) for _ in range(words))
-                }
+                payload = {"prompt": " ".join(self.rng.choice(WORDS) for _ in range(words))}
             else:
                 payload = {"image": f"img-{index}", "size": self.rng.randint(1, 4096)}
             copies = self.rng.randint(1, self.config.max_copies)
@@ -657,7 +716,7 @@ class Run:
                 payload,
                 copies,
                 concurrent=copies > 1 and self.rng.random() < 0.5,
-                expected=expected_seqs(domain, payload),
+                expected=expected or expected_seqs(domain, payload),
             )
             job.watches = [Watch(i) for i in range(self.rng.randint(1, self.config.max_watchers))]
             self.jobs.append(job)
@@ -666,7 +725,7 @@ class Run:
 
     async def post_copy(self, job: Job, delay: float) -> None:
         await asyncio.sleep(delay)
-        body = json.dumps({"domain": job.domain, "payload": job.payload}).encode()
+        body = json.dumps(job.body).encode()
         headers = {
             "Authorization": f"Token {job.user.token}",
             "Idempotency-Key": job.key,
@@ -679,7 +738,7 @@ class Run:
             try:
                 port = self.rng.choice(self.stack.ports)
                 status, response_headers, data = await asyncio.to_thread(
-                    http_request, port, "POST", "/api/jobs/", body=body, headers=headers
+                    http_request, port, "POST", job.path, body=body, headers=headers
                 )
             except (OSError, http.client.HTTPException) as exc:
                 transport_errors += 1
@@ -729,7 +788,7 @@ class Run:
                 )
             )
             if status == 201 and job.job_id is None:
-                job.job_id = json.loads(data)["job_id"]
+                job.job_id = json.loads(data)[job.id_field]
             return
         job.failures.append(
             f"no answer but 409/503/transport errors for 60 s ({conflicts} x 409, {unavailable} x 503, "
@@ -808,7 +867,7 @@ class Run:
                         if kind == "event":
                             watch.events.append((frame["seq"], frame.get("prev_seq", -1), connection))
                             last_seq = max(last_seq, frame["seq"])
-                            if frame["seq"] == FINAL_SEQ:
+                            if frame["seq"] == job.final_seq:
                                 watch.done = True
                                 await ws.close()
                                 return
@@ -839,13 +898,13 @@ class Run:
             return []
         from eventbus.bus.keys import JobKeys
 
-        domains = {job.job_id: job.domain for job in self.jobs if job.job_id}
+        known = {job.job_id: job for job in self.jobs if job.job_id}
         found = []
         for job_id in candidates:
-            if job_id not in domains:
+            if job_id not in known:
                 continue
-            seq = int(bus.get(JobKeys(domains[job_id], job_id).last_published) or 0)
-            if 0 < seq < FINAL_SEQ:
+            seq = int(bus.get(JobKeys(known[job_id].domain, job_id).last_published) or 0)
+            if 0 < seq < known[job_id].final_seq:
                 found.append(job_id)
         return found
 
@@ -1295,6 +1354,7 @@ class Checker:
         self.check_answers(jobs)
         self.check_job_rows(jobs)
         self.check_executions(jobs)
+        self.check_tasks(jobs)
         self.check_redis(jobs)
         self.check_watchers(jobs)
         self.check_faults()
@@ -1360,12 +1420,16 @@ class Checker:
         records = {
             (r.scope, r.key): r for r in IdempotencyRecord.objects.filter(key__in=[job.key for job in jobs])
         }
+        self.rows: dict[str, JobRow] = {}  # the job row of each key, by key
         for job in jobs:
-            found = by_key.get((job.user.pk, job.key), [])
+            # A task's job is keyed from the request's key (its first enqueue), not by it.
+            found = by_key.get((job.user.pk, job.task_key if job.is_task else job.key), [])
             if len(found) != 1:
-                self.fail(f"key {job.key}: {len(found)} job rows (expected 1)")
+                self.fail(f"key {job.key}: {len(found)} {job.domain} job rows (expected 1)")
                 continue
-            row = found[0]
+            row = self.rows[job.key] = found[0]
+            if row.domain != job.domain:
+                self.fail(f"key {job.key}: a {row.domain} job row, not {job.domain}")
             if job.job_id and str(row.id) != job.job_id:
                 self.fail(f"key {job.key}: the API answered job {job.job_id}, the job row is {row.id}")
             if row.state != JobRow.State.COMPLETED or row.completed_at is None:
@@ -1373,7 +1437,7 @@ class Checker:
             status, detail = self.run.details.get(str(row.id), (0, None))
             body = detail or {}
             latest = body.get("latest_event") or {}
-            if status != 200 or body.get("state") != "COMPLETED" or latest.get("seq") != FINAL_SEQ:
+            if status != 200 or body.get("state") != "COMPLETED" or latest.get("seq") != job.final_seq:
                 self.fail(f"GET /api/jobs/{row.id}/: {status} {detail}")
             record = [r for (scope, key), r in records.items() if key == job.key]
             if len(record) != 1 or record[0].state != IdempotencyRecord.State.COMPLETED:
@@ -1437,6 +1501,86 @@ class Checker:
             "runs_that_lost_their_lease": sum(lost.get(i, 0) for i in ids),
             "worker_lost_errors": text.count("WorkerLostError"),
         }
+        self.runs_started, self.runs_completed = started, runs_completed  # for check_tasks
+
+    # The tasks ------------------------------------------------------------------------------------
+
+    def check_tasks(self, jobs: list[Job]) -> None:
+        """The django.tasks side of the task keys, whose job rows, streams, executions and
+        watchers are checked with the jobs' (one job per key, COMPLETED once, its final event
+        once, one run to completion).
+
+        Each task's result, read through Django's task API (get_result), is SUCCESSFUL with
+        record_visit's return value; its job runs config.tasks.record_visit with the POSTed n for
+        the key's user; its run stage finished. A delayed task has its run_after and did not
+        start before it (Job.started_at, its first run's start); any other has none. No task job
+        of the run's users is outside the keys'. A run resumed after a worker or pool kill (or
+        sent again after Redis lost it) is allowed: its attempts are counted.
+        """
+        from eventbus.djangotasks.compat import TaskResultStatus, task_backends
+        from eventbus.djangotasks.names import RUN_STAGE, TASK_JOB
+        from eventbus.models import Job as JobRow
+        from eventbus.models import StageRecord
+
+        tasks = [job for job in jobs if job.is_task]
+        backend = task_backends["default"]
+        attempts = resumed = 0
+        lags: list[float] = []
+        for job in tasks:
+            row = self.rows.get(job.key)
+            if row is None:
+                continue  # check_job_rows named it
+            name = f"task {row.id} (key {job.key})"
+            n, delay = job.payload["n"], job.payload.get("delay")
+            made = (row.payload.get("task"), row.payload.get("args"), row.owner_id)
+            if made != (TASK_PATH, [n], job.user.pk):
+                self.fail(f"{name}: payload {row.payload}, owner {row.owner_id}; expected {TASK_PATH}({n})")
+            try:
+                result = backend.get_result(str(row.id))
+            except Exception as exc:  # noqa: BLE001 (a failure of the check)
+                self.fail(f"{name}: get_result raised {exc!r}")
+            else:
+                if result.status != TaskResultStatus.SUCCESSFUL:
+                    self.fail(f"{name}: get_result says {result.status}, errors {result.errors}")
+                elif (result.return_value or {}).get("visits") != n:
+                    self.fail(f"{name}: returned {result.return_value!r}, expected {n} visits")
+            records = list(StageRecord.objects.filter(job=row))
+            if [r.stage for r in records] != [RUN_STAGE] or records[0].finished_at is None:
+                self.fail(f"{name}: stage records {[(r.stage, r.finished_at) for r in records]}")
+            else:
+                attempts += records[0].attempts
+                resumed += records[0].attempts > 1
+            if delay:
+                if row.run_after is None or row.run_after <= row.accepted_at:
+                    self.fail(
+                        f"{name}: delayed {delay}s, but run_after {row.run_after} (accepted {row.accepted_at})"
+                    )
+                elif row.started_at is None or row.started_at < row.run_after:
+                    self.fail(f"{name}: started at {row.started_at}, before its run_after {row.run_after}")
+                else:
+                    lags.append((row.started_at - row.run_after).total_seconds())
+            elif row.run_after is not None:
+                self.fail(f"{name}: not delayed, but run_after {row.run_after}")
+        rows = JobRow.objects.filter(owner__username__startswith=self.run.prefix, domain=TASK_JOB).count()
+        if rows != len(tasks):
+            self.fail(f"{rows} task jobs for {len(tasks)} task keys")
+        ids = [job.job_id for job in tasks if job.job_id]
+        # How late the delayed tasks started: the sweeper's poll, or more when Redis was down.
+        lag_range = {"min": round(min(lags), 2), "max": round(max(lags), 2)} if lags else {}
+        sweeper_starts = re.findall(r"Started (\d+) delayed job\(s\) now due", self.run.stack.sweeper.log())
+        self.figures["tasks"] = {
+            "keys": len(tasks),
+            "delayed": sum(1 for job in tasks if job.payload.get("delay")),
+            "task_jobs": rows,
+            "runs_started": sum(self.runs_started.get(i, 0) for i in ids),
+            "runs_to_completion": sum(self.runs_completed.get(i, 0) for i in ids),
+            "stage_attempts": attempts,
+            # A run resumed after its worker or pool was killed, or after its run was lost with
+            # Redis (a restart, a failover) and the sweeper sent it again.
+            "tasks_with_more_than_one_attempt": resumed,
+            "delayed_starts_sent_by_the_sweeper": sum(int(count) for count in sweeper_starts),
+            "start_after_run_after_s": lag_range,
+        }
 
     # L1-L3: Redis --------------------------------------------------------------------------------
 
@@ -1480,10 +1624,10 @@ class Checker:
                     self.fail(f"job {job.job_id}: stream prev_seqs {prevs}")
                 state_raw = bus.get(keys.state)
                 state = json.loads(state_raw) if state_raw else None
-                final = next((e for e in got if int(e["seq"]) == FINAL_SEQ), None)
+                final = next((e for e in got if int(e["seq"]) == job.final_seq), None)
                 if (
                     state is None
-                    or state.get("seq") != FINAL_SEQ
+                    or state.get("seq") != job.final_seq
                     or state.get("data", {}).get("state") != "COMPLETED"
                 ):
                     self.fail(f"job {job.job_id}: state {state_raw!r} is not its final COMPLETED event")
@@ -1496,8 +1640,8 @@ class Checker:
                 if history != job.expected:
                     self.fail(f"job {job.job_id}: history seqs {history}, expected {job.expected}")
                 applied = bus.get(keys.applied)
-                if applied != str(FINAL_SEQ):
-                    self.fail(f"job {job.job_id}: applied seq {applied}, expected {FINAL_SEQ}")
+                if applied != str(job.final_seq):
+                    self.fail(f"job {job.job_id}: applied seq {applied}, expected {job.final_seq}")
             self.figures["streams"] = {
                 "entries": total,
                 "dead_letters": dead,
