@@ -21,6 +21,8 @@ Status = compat.TaskResultStatus
 STATUS: dict[str, Any] = {
     Job.State.PENDING: Status.READY,
     Job.State.RUNNING: Status.RUNNING,
+    # A task's stage never waits (it has no ctx.sleep), but a job that does is ready to run again.
+    Job.State.WAITING: Status.READY,
     Job.State.COMPLETED: Status.SUCCESSFUL,
     Job.State.FAILED: Status.FAILED,
     Job.State.TIMED_OUT: Status.FAILED,

@@ -387,10 +387,27 @@ SHOP_APP = {
         """\
         from celery import shared_task
 
+        from eventbus.djangotasks.compat import task  # django.tasks' on Django 6, the backport's on 5.2
+
 
         @shared_task
         def send_payout(payout_id):
             return str(payout_id)
+
+
+        @task
+        def send_receipt(order_id):
+            return order_id
+
+
+        @task
+        def nightly_report():
+            return {}
+
+
+        @task
+        def ping():
+            return "pong"
         """
     ),
 }
@@ -401,6 +418,10 @@ def write_project(root: Path, block: Block) -> str:
     package = root / "docsproject"
     package.mkdir(parents=True, exist_ok=True)
     (package / "__init__.py").write_text("")
+    shop = root / "shop"  # what the block names of the app (a schedule's task path, an import)
+    shop.mkdir(exist_ok=True)
+    for name, text in SHOP_APP.items():
+        (shop / name).write_text(text)
     if block.kind == "python-settings":
         base = block.option("base", "dev")
         if base in DEMO_SETTINGS:
@@ -414,10 +435,6 @@ def write_project(root: Path, block: Block) -> str:
         (package / "settings.py").write_text(head + block.body)
         return "docsproject.settings"
     module = block.option("module", "docsblock")
-    shop = root / "shop"
-    shop.mkdir(exist_ok=True)
-    for name, text in SHOP_APP.items():
-        (shop / name).write_text(text)
     path = root.joinpath(*module.split(".")).with_suffix(".py")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(block.body)

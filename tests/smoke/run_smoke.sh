@@ -4,15 +4,17 @@
 # temporary directory outside the repository with what the tutorial's pip line adds, then runs
 # every block of the tutorial in order there (tests/smoke/smoke.py): `django-admin startproject`,
 # the settings lines, `startapp shop` and the app's files, the migrations, the tutorial's own Redis,
-# run_jobs (the Celery worker, run_router, run_reclaimer, sweep_jobs) and runserver with DEBUG on,
-# the curl commands against them, the worker killed mid-job, collectstatic, run_jobs and daphne
+# run_jobs (the Celery worker, run_router, run_reclaimer, sweep_jobs, run_scheduler) and runserver
+# with DEBUG on, the curl commands against them, the worker killed mid-job, Django's tasks (the
+# backport's pip line on Django 5.2, run_jobs started again, a task enqueued by a keyed view, read
+# from another process, delayed, keyed in code, scheduled), collectstatic, run_jobs and daphne
 # with DEBUG off; and checks between the blocks and after them what the tutorial says happens.
 # Nothing is imported from the checkout (the page's browser check runs with $PYTHON, which has
 # Playwright, and imports nothing of the toolkit either).
 #
 # Environment:
 #   PYTHON              builds the wheel and makes the virtualenv (default: .venv/bin/python)
-#   SMOKE_TIMEOUT       seconds for the tutorial and the checks, processes included (default 150)
+#   SMOKE_TIMEOUT       seconds for the tutorial and the checks, processes included (default 240)
 #   SMOKE_PINS=0        install the dependencies' newest versions in the wheel's ranges instead of
 #                       requirements.txt's pins (CI keeps the pins: a new release must not break
 #                       an unrelated change)
@@ -31,7 +33,7 @@ case "$PYTHON" in
     */*) PYTHON="$PWD/$PYTHON" ;;
     *) PYTHON="$(command -v "$PYTHON")" ;;
 esac
-TIMEOUT="${SMOKE_TIMEOUT:-150}"
+TIMEOUT="${SMOKE_TIMEOUT:-240}"
 TUTORIAL="$REPO/docs/tutorial.md"
 
 say() { echo "smoke: $*"; }

@@ -16,7 +16,11 @@ Every fenced block of the tutorial carries a tag just above it, `<!-- smoke: KIN
     install                 the pip line (run_smoke.sh runs it, the wheel in place of the checkout)
     write FILE, append FILE a file of the project, relative to the folder the shell is in
     sh NAME                 shell commands, run to their end by bash in one session that goes on
-                            from block to block (its folder and variables: `cd mysite`, `JOB=...`)
+                            from block to block (its folder and variables: `cd mysite`, `JOB=...`);
+                            `sh backport` (the django-tasks backport's pip line) only on Django 5.2
+    run tasks               run_jobs stopped, as Ctrl-C in its terminal would, and started again as
+                            the block says, once the tasks' settings and code are written (runserver
+                            too: it runs here with --noreload, where the tutorial's reloads itself)
     run development         the development stack, one process a line, started in the background:
                             the tutorial's own redis-server (on a free port in place of 6380, while
                             a Redis, or a placeholder of this test's, holds 6379), run_jobs and
@@ -33,7 +37,13 @@ repository's Python drives it: tests/smoke/browser.py; said plainly where it can
 error on CI), its events over the WebSocket each once and in seq order, the cancel stopping the
 hold stage before any payment, the failed job retried under its first key (and once: another
 key gets a 409 naming the retry), the worker killed mid-job and the job resumed once (its
-finished stages not run again, one payment, one mail). Then its own checks, on daphne: a keyed
+finished stages not run again, one payment, one mail); Django's tasks: the backport present on
+Django 5.2 only, the export enqueued by a keyed POST once (its job keyed `export-1:1`, owned by the
+user; the POST again replayed with the same task id), its card on the page, its progress events
+over the WebSocket each once and in order, its result SUCCESSFUL from another process, the
+delayed receipt READY and unsent until its run_after, keyed in code (the same id again), started
+by the sweeper once due and mailed once, and the schedule's ticks enqueued by run_jobs's
+scheduler, keyed by their tick, and run. Then its own checks, on daphne: a keyed
 POST without a key and with another body, a stage retried after the bank's 503, the admin's job
 page and dead letters, keyed POST /api/jobs/ from several users at once on the tutorial's SQLite
 (no 503), and, under both servers, that every script, style sheet and icon the page, its login
@@ -73,6 +83,7 @@ SERVER = "127.0.0.1:8000"  # the tutorial's address, replaced by the port of the
 RUNS = {
     "run development": {"redis-server", "run_jobs", "runserver"},
     "run production": {"collectstatic", "run_jobs", "daphne"},
+    "run tasks": {"run_jobs"},
 }
 # What run_jobs starts; each says it runs (the supervisor's line, then the process's own).
 JOBS_PROCESSES = {
@@ -84,6 +95,7 @@ JOBS_PROCESSES = {
 }
 TUTORIAL_REDIS_PORT = "6380"  # the tutorial's own Redis, replaced by a free port as 8000 is
 TAKEN_PORT = 6379  # a Redis already running there (Debian's service) must not get in the way
+BACKPORT = "backport"  # the `sh` block of Django 5.2's django-tasks backport
 USERS_AT_ONCE, POSTS_EACH = 4, 5  # keyed POST /api/jobs/ sent at once on the tutorial's SQLite
 # The tutorial's Refund (shop/jobs.py): (stage, seq) of each event, as the toolkit numbers them.
 REFUND_EVENTS = [("check", 10), ("hold", 20), ("pay", 30), ("notify", 40), ("done", 51)]
@@ -377,6 +389,21 @@ def run_once(argv: list[str], root: Path, env: dict, *, until: float) -> str:
     return result.stdout
 
 
+def django_major() -> int:
+    import django
+
+    return django.VERSION[0]
+
+
+def module_found(name: str) -> bool:
+    """Whether `name` imports here now (a pip line of the tutorial's may have just installed it)."""
+    import importlib
+    import importlib.util
+
+    importlib.invalidate_caches()
+    return importlib.util.find_spec(name) is not None
+
+
 def check_installed_from_wheel() -> None:
     """Nothing comes from the checkout: the apps are the wheel's, the demo project is absent."""
     import importlib.util
@@ -615,6 +642,27 @@ class Tutorial:
         check(status == 404 and "URLconf" not in page, f"daphne answers with DEBUG on: {status} {page[:500]}")
         say(f"production: {exported}, collectstatic, run_jobs, daphne :{self.web_port} (DEBUG off)")
 
+    def restart_jobs(self, code: str) -> None:
+        """run_jobs stopped (Ctrl-C) and started again as the block says; runserver too, which
+        the tutorial's reloads itself but this test runs with --noreload."""
+        commands, _ = keyed_commands("run tasks", code)
+        argv = commands["run_jobs"]
+        assert self.stack is not None
+        for name in ("jobs", "runserver"):
+            self.stack.stop_one(name)
+            (self.root / f"{name}.log").rename(self.root / f"{name}-before-tasks.log")
+        self.start_jobs(argv, self.env)
+        self.stack.start(
+            "runserver",
+            *self.program(["python", "manage.py", "runserver"], "--noreload", f"127.0.0.1:{self.dev_port}"),
+        )
+        wait_for(lambda: port_open(self.dev_port), until=self.until, what="runserver", stack=self.stack)
+        check(
+            "Scheduling 1 schedule(s) (default:orders-summary)" in self.stack.log("jobs"),
+            f"run_jobs's scheduler did not read the schedule:\n{self.stack.log('jobs')}",
+        )
+        say("run_jobs started again (its scheduler reading the schedule), and runserver")
+
     def run(self) -> None:
         blocks = tutorial_blocks(self.tutorial)
         self.run_blocks(blocks)
@@ -637,6 +685,13 @@ class Tutorial:
             elif tag == "run production":
                 self.development_checks()
                 self.run_production(code)
+            elif tag == "run tasks":
+                self.restart_jobs(code)
+            elif tag == f"sh {BACKPORT}" and django_major() >= 6:
+                check(not module_found("django_tasks"), "Django 6 has the django-tasks backport installed")
+                say(
+                    f"Django {django_major()}: the backport's pip line is for Django 5.2; django.tasks is Django's"
+                )
             elif kind == "output":
                 continue  # what a terminal shows: the checks around the blocks check it
             else:
@@ -850,8 +905,151 @@ class Tutorial:
             f"sweep and COMPLETED {self.resumed_after:.0f} s after the kill; check ran once, pay once, one mail"
         )
 
+    # Django's tasks
+
+    def after_backport(self, output: str) -> None:
+        check(module_found("django_tasks"), "the backport's pip line did not install django_tasks")
+        say("Django 5.2: the django-tasks backport installed by the tutorial's pip line")
+
+    def before_export(self) -> None:
+        self.browser = open_page(self.base, alice_cookie(), until=self.until)
+
+    def after_export(self, output: str) -> None:
+        from django.contrib.auth import get_user_model
+        from shop.models import Order
+
+        from eventbus.models import Job
+
+        task_id = self.jobs["export"] = self.shell.variable("TASK")
+        check(output.strip() == task_id, f"the export block printed {output!r}, not its task's id")
+        alice = get_user_model().objects.get(username="alice")
+        job = Job.objects.get(pk=task_id)
+        check(
+            job.domain == "task"
+            and job.payload["task"] == "shop.tasks.export_orders"
+            and job.payload["args"] == [alice.pk]
+            and job.owner_id == alice.pk
+            and job.idem_key == "export-1:1"
+            and job.priority == 10,
+            f"the export's job: {job.domain} {job.payload} owner {job.owner_id} key {job.idem_key!r} "
+            f"priority {job.priority}",
+        )
+        if self.browser is not None:
+            page_shows(self.browser, task_id, until=self.until)
+            say("the open page showed the export's card, without a reload")
+        (code,) = [code for tag, code in self.blocks() if tag == "sh export"]
+        (key,) = re.findall(r"Idempotency-Key: ([^\"]+)", code)
+        token = self.shell.variable("TOKEN")
+        again = http("POST", f"{self.base}/orders/export/", token=token, key=key)
+        check(
+            again[0] == 202
+            and again[2] == {"task_id": task_id}
+            and again[1].get("Idempotent-Replayed") == "true",
+            f"the export sent again: {again[0]} {again[2]}",
+        )
+        exports = Job.objects.filter(domain="task", owner=alice, idem_key__startswith="export-1:").count()
+        check(exports == 1, f"{exports} export tasks after the keyed POST sent twice")
+        frames = self.watch(task_id)
+        final = final_of(frames)
+        check(final.get("state") == "COMPLETED", f"the export's final event: {final}")
+        progress = [f["data"].get("progress") for f in frames[:-1]]
+        orders = Order.objects.filter(owner=alice).count()
+        check(
+            len(progress) == orders and all(f.get("stage") == "run" for f in frames[:-1]),
+            f"the export reported {len(progress)} events for {orders} orders: {frames}",
+        )
+        check(progress == sorted(progress), f"the export's progress went back: {progress}")
+        say(
+            f"export: a keyed POST enqueued the task once (export-1:1, alice's, priority 10; the POST again "
+            f"replayed it), {len(progress)} progress events over the WebSocket each once, COMPLETED"
+        )
+
+    def before_result(self) -> None:
+        task_id = self.jobs["export"]
+        wait_for(lambda: db_state(task_id) == "COMPLETED", until=self.until, what="the export to complete")
+
+    def after_result(self, output: str) -> None:
+        (expected,) = [code for tag, code in self.blocks() if tag == "output result"]
+        check(
+            output.strip() == expected.strip(),
+            f"get_result in another process printed {output!r}, not {expected!r}",
+        )
+        say(f"result: get_result in another process (manage.py shell): {output.strip()}")
+
+    def after_receipt(self, output: str) -> None:
+        from django.utils import timezone
+
+        from eventbus.models import Job
+
+        task_id, status = output.split()
+        check(status == "READY", f"the delayed receipt's status is {status}, not READY")
+        job = Job.objects.get(pk=task_id)
+        check(
+            job.idem_key == "receipt-order-2:1" and job.owner_id is None and job.run_after is not None,
+            f"the receipt's job: key {job.idem_key!r}, owner {job.owner_id}, run_after {job.run_after}",
+        )
+        (code,) = [code for tag, code in self.blocks() if tag == "sh receipt"]
+        again = self.shell.run("receipt", code, until=self.until).split()
+        check(again[0] == task_id, f"the keyed receipt enqueued again gave {again[0]}, not {task_id}")
+        job.refresh_from_db()
+        if timezone.now() < job.run_after:
+            check(
+                job.state == "PENDING" and job.enqueued_at is None,
+                f"the receipt is {job.state}, enqueued at {job.enqueued_at}, before its run_after",
+            )
+        wait_for(
+            lambda: db_state(task_id) == "COMPLETED", until=self.until, what="the delayed receipt to complete"
+        )
+        job.refresh_from_db()
+        check(
+            job.started_at >= job.run_after,
+            f"the receipt started at {job.started_at}, before its run_after {job.run_after}",
+        )
+        late = (job.started_at - job.run_after).total_seconds()
+        assert self.stack is not None
+        wait_for(
+            lambda: "Subject: Your receipt" in self.stack.log("jobs"),
+            until=self.until,
+            what="the receipt's email in run_jobs's output",
+        )
+        mails = self.stack.log("jobs").count("Subject: Your receipt")
+        check(mails == 1, f"the receipt was mailed {mails} times")
+        say(
+            f"receipt: READY and unsent until its run_after, the same id enqueued again (receipt-order-2:1), "
+            f"started {late:.1f} s after it by the sweeper, mailed once"
+        )
+
+    def check_schedule(self) -> None:
+        """The schedule's ticks: enqueued by run_jobs's scheduler, keyed by their tick (whole
+        multiples of its 15 s since the epoch), ownerless, and run."""
+        from datetime import datetime
+
+        from eventbus.models import Job
+
+        def ticks():
+            return list(
+                Job.objects.filter(
+                    domain="task", payload__task="shop.tasks.orders_summary", state="COMPLETED"
+                )
+            )
+
+        done = wait_for(ticks, until=self.until, what="a tick of the schedule to run")
+        for job in done:
+            name, _, at = job.idem_key.partition(":")
+            check(
+                name == "orders-summary"
+                and datetime.fromisoformat(at).timestamp() % 15 == 0
+                and job.owner_id is None,
+                f"a tick's job: key {job.idem_key!r}, owner {job.owner_id}",
+            )
+        assert self.stack is not None
+        logged = self.stack.log("jobs").count("Schedule 'orders-summary': tick ")
+        check(logged >= len(done), f"the scheduler logged {logged} ticks, {len(done)} ran")
+        say(f"schedule: {len(done)} tick(s) enqueued by run_jobs's scheduler, keyed by their time, and run")
+
     def development_checks(self) -> None:
         """Before the tutorial stops runserver: its pages, and its WebSocket's replay."""
+        self.check_schedule()
         check_page(self.dev, alice_cookie())
         job_id = self.jobs["refund"]
         frames = watch_job(
@@ -1162,7 +1360,7 @@ def main(argv: list[str]) -> int:
                 Path(argv[1]),
                 Path(argv[2]),
                 os.environ.get("SMOKE_REDIS_SERVER") or "redis-server",
-                float(os.environ.get("SMOKE_TIMEOUT", "150")),
+                float(os.environ.get("SMOKE_TIMEOUT", "240")),
             )
             say(f"PASSED in {time.monotonic() - started:.0f} s (the tutorial and the checks)")
         else:
