@@ -12,6 +12,13 @@ Delete link (ended jobs go with `cleanup_jobs`).
 Everything shown goes through format_html: a payload, an error message or an event's data is
 text, never markup.
 
+A job's stages may wait (WAITING: a sleep, a signal, its children): its timeline says what for,
+its page links its parent and its children (ctx.start_child) and lists the signals sent to it
+(JobSignal, read-only, shown with `eventbus.view_jobsignal`). The action "Send a signal" (the
+change permission, as the other actions) asks on a page of its own which of the jobs' declared
+signals, with what JSON payload, and sends it to each selected job (eventbus.signal_job) under a
+key made when that page is shown: submitting the same page twice sends one signal.
+
 Stage records are read-only too (runs write them), a failed stage's traceback shown to staff
 with the view permission. Every permission is the model's own: a user without
 `eventbus.view_stagerecord` sees nothing of them, nobody adds or edits one, and deleting one (a
@@ -34,10 +41,13 @@ is listed as such, with its raw fields shortened and escaped, never a 500.
 """
 
 import json
+import uuid
 from datetime import UTC, datetime
 from urllib.parse import unquote
 
+from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.core.exceptions import PermissionDenied
 from django.http import HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -49,12 +59,16 @@ from redis.exceptions import RedisError
 
 from eventbus.bus.delivery import streams_for
 from eventbus.bus.redrive import dead_letters, redrive
-from eventbus.exceptions import JobAlreadyRetried
+from eventbus.exceptions import JobAlreadyRetried, JobServiceError
+from eventbus.jobtypes import InvalidPayload
 from eventbus.jobtypes import domains as all_domains
-from eventbus.models import DeadLetter, Job, StageRecord
+from eventbus.models import DeadLetter, Job, JobSignal, StageRecord
 from eventbus.redis.clients import get_redis
-from eventbus.selectors import job_stages, latest_event
-from eventbus.services import cancel_job, owner_scope, retry_as_operator
+from eventbus.selectors import job_signal_names, job_stages, latest_event
+from eventbus.services import cancel_job, owner_scope, retry_as_operator, signal_job
+from exactly_once.jsontext import nested_deeper_than
+from idempotency.exceptions import IdempotencyKeyMismatch
+from idempotency.keys import InvalidKey
 
 REDRIVE_PERMISSION = "redrive_deadletter"
 SHOWN_PER_SHARD = 200
@@ -64,6 +78,8 @@ NAMED_KEPT = 10
 SHOWN_EVENT_CHARS = 200
 # A stage's error type in the stage records' list: its start (its page shows all of it).
 SHOWN_ERROR_CHARS = 30
+# A job's children on its page: the first ones as links, then a link to the list of all of them.
+SHOWN_CHILDREN = 50
 
 
 class JobTypeFilter(admin.AllValuesFieldListFilter):
@@ -72,6 +88,61 @@ class JobTypeFilter(admin.AllValuesFieldListFilter):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.title = "job type"
+
+
+class SignalForm(forms.Form):
+    """The action "Send a signal": which of the jobs' declared signals, its payload, and the key
+    made when the page was shown (a second submission of that page is the same signal)."""
+
+    signal = forms.ChoiceField(help_text="One the job's type declares (Stage(signals=...)).")
+    payload = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 5, "cols": 60, "spellcheck": "false"}),
+        help_text="A JSON object: what the stage's ctx.wait_for returns. Empty: {}.",
+    )
+    key = forms.CharField(max_length=255, widget=forms.HiddenInput)
+
+    def __init__(self, *args, signals: tuple[str, ...] = (), **kwargs):
+        super().__init__(*args, **kwargs)
+        choice = self.fields["signal"]
+        assert isinstance(choice, forms.ChoiceField)
+        choice.choices = [(name, name) for name in signals]
+
+    def clean_payload(self):
+        text = self.cleaned_data["payload"].strip() or "{}"
+        try:
+            payload = json.loads(text)
+        except (ValueError, RecursionError) as exc:
+            raise forms.ValidationError(f"Not JSON: {exc}") from None
+        if not isinstance(payload, dict):
+            raise forms.ValidationError("A JSON object: {...}.")
+        if nested_deeper_than(payload, text):
+            raise forms.ValidationError("Nested too deep.")
+        return payload
+
+
+class JobSignalInline(admin.TabularInline):
+    """The signals sent to a job, read-only (the model's view permission shows them)."""
+
+    model = JobSignal
+    fields = ("name", "payload", "idem_key", "sent_by", "sent_at", "delivered_at")
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    ordering = ("sent_at", "pk")
+    verbose_name_plural = "signals"
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("sent_by")  # one query for the rows
+
+    def has_add_permission(self, request, obj=None):
+        return False  # signal_job sends them (the action, the jobs API)
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
 
 
 @admin.register(Job)
@@ -114,6 +185,8 @@ class JobAdmin(admin.ModelAdmin):
                     "cancel_requested_at",
                     "retry_of_link",
                     "retries_links",
+                    "parent_link",
+                    "children_links",
                 )
             },
         ),
@@ -126,11 +199,14 @@ class JobAdmin(admin.ModelAdmin):
         "ended_at",
         "retry_of_link",
         "retries_links",
+        "parent_link",
+        "children_links",
         "timeline",
         "events",
     ]
     raw_id_fields = ("owner",)
-    actions = ("cancel_jobs", "retry_jobs")
+    inlines = (JobSignalInline,)
+    actions = ("cancel_jobs", "retry_jobs", "signal_jobs")
 
     @admin.display(description="job")
     def short_id(self, job):
@@ -179,6 +255,28 @@ class JobAdmin(admin.ModelAdmin):
             return "-"
         return format_html_join(", ", "{} ({})", ((_job_link(pk), state) for pk, state in retries))
 
+    @admin.display(description="parent")
+    def parent_link(self, job):
+        """The job whose stage started this one (ctx.start_child)."""
+        return _job_link(job.parent_id) if job.parent_id else "-"
+
+    @admin.display(description="children")
+    def children_links(self, job):
+        """The jobs its stages started, oldest first, each with its state: the first
+        SHOWN_CHILDREN, then a link to the list of all of them."""
+        children = list(
+            job.children.order_by("accepted_at", "pk").values_list("pk", "state")[: SHOWN_CHILDREN + 1]
+        )
+        if not children:
+            return "-"
+        links = format_html_join(
+            ", ", "{} ({})", ((_job_link(pk), state) for pk, state in children[:SHOWN_CHILDREN])
+        )
+        if len(children) <= SHOWN_CHILDREN:
+            return links
+        every = f"{reverse('admin:eventbus_job_changelist')}?parent__id__exact={job.pk}"
+        return format_html('{}, <a href="{}">all {}</a>', links, every, job.children.count())
+
     @admin.display(description="timeline")
     def timeline(self, job):
         rows = job_stages(job)
@@ -187,13 +285,13 @@ class JobAdmin(admin.ModelAdmin):
         body = format_html_join(
             "",
             "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
-            "<td>{}</td><td>{}</td><td>{}</td></tr>",
+            "<td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             (_stage_cells(index, row) for index, row in enumerate(rows, 1)),
         )
         return format_html(
             "<table><thead><tr><th>#</th><th>stage</th><th>state</th><th>attempts</th><th>started</th>"
-            "<th>finished</th><th>failed</th><th>next attempt</th><th>duration</th><th>error</th>"
-            "</tr></thead><tbody>{}</tbody></table>",
+            "<th>finished</th><th>failed</th><th>next attempt</th><th>waiting for</th><th>duration</th>"
+            "<th>error</th></tr></thead><tbody>{}</tbody></table>",
             body,
         )
 
@@ -278,6 +376,57 @@ class JobAdmin(admin.ModelAdmin):
             retried += created
         self.message_user(request, f"Retried {retried} job(s).", messages.SUCCESS)
 
+    @admin.action(permissions=["change"], description="Send a signal to the selected jobs")
+    def signal_jobs(self, request, queryset):
+        """A page of its own (SignalForm) asks which signal, with what payload; its submission
+        sends it to each selected job whose type declares it."""
+        jobs = list(queryset.select_related(None).only("id", "domain", "state"))
+        signals = tuple(dict.fromkeys(name for job in jobs for name in job_signal_names(job.domain)))
+        if not signals:
+            self.message_user(request, "The selected jobs' types declare no signal.", messages.WARNING)
+            return None
+        if "send" in request.POST:
+            form = SignalForm(request.POST, signals=signals)
+            if form.is_valid():
+                self._send_signal(request, jobs, **form.cleaned_data)
+                return None
+        else:
+            # Made once, as the page is shown: submitting it again (a double click, the browser's
+            # resend) gives the same key, and the same signal.
+            form = SignalForm(signals=signals, initial={"key": f"admin:{uuid.uuid4()}", "payload": "{}"})
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": "Send a signal",
+            "jobs": jobs,
+            "form": form,
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "media": self.media + form.media,
+        }
+        return TemplateResponse(request, "admin/eventbus/job/signal.html", context)
+
+    def _send_signal(self, request, jobs, *, signal: str, payload: dict, key: str) -> None:
+        sent = again = 0
+        for job in jobs:
+            try:
+                _sent, created = signal_job(job.id, signal, payload, key=key, sent_by=request.user)
+            except (
+                JobServiceError,
+                InvalidPayload,
+                IdempotencyKeyMismatch,
+                InvalidKey,
+                Job.DoesNotExist,
+            ) as exc:
+                # UnknownSignal (its type declares another), SignalAlreadySent, JobEnded, too large.
+                self.message_user(request, f"{job.id}: {exc}", messages.WARNING)
+                continue
+            sent += created
+            again += not created
+        replayed = f" ({again} sent before with this key)" if again else ""
+        self.message_user(
+            request, f"Sent the signal {signal} to {sent + again} job(s){replayed}.", messages.SUCCESS
+        )
+
 
 def _job_link(pk):
     return format_html('<a href="{}">{}</a>', reverse("admin:eventbus_job_change", args=[pk]), pk)
@@ -302,7 +451,7 @@ def _when(moment: datetime | None) -> str:
 def _stage_cells(index: int, row) -> tuple:
     record = row.record
     if record is None:
-        return (index, f"{row.label} ({row.name})", row.state, 0, "-", "-", "-", "-", "-", "")
+        return (index, f"{row.label} ({row.name})", row.state, 0, "-", "-", "-", "-", "-", "-", "")
     error = f"{record.error_type}: {record.error_message}" if record.error_type else ""
     return (
         index,
@@ -313,6 +462,7 @@ def _stage_cells(index: int, row) -> tuple:
         _when(record.finished_at),
         _when(record.failed_at),
         _when(record.next_attempt_at),
+        record.waiting_for or "-",
         _duration(record.started_at, record.finished_at),
         error,
     )
@@ -348,6 +498,8 @@ class StageRecordAdmin(admin.ModelAdmin):
         "error_message",
         "failed_at",
         "next_attempt_at",
+        "waiting_for",
+        "waits",
         "traceback",
     )
     readonly_fields = fields

@@ -223,12 +223,24 @@ class StageDetail:
     # The last failure of an attempt ({"type", "message"}), until an attempt finishes the stage;
     # None for a stage a cancel stopped: its JobCancelled is for staff (the admin).
     error: dict | None
+    # What the stage waits for ("sleep", "signal:<name>[,<name>...]", "children"), or None.
+    waiting_for: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class JobChild:
+    """A job a stage of another started (ctx.start_child), as its parent's detail lists it."""
+
+    id: uuid.UUID
+    domain: str
+    state: str
 
 
 @dataclass(frozen=True, slots=True)
 class JobDetail:
     """One job as its owner sees it, read in full (job_detail()): its row's fields, its latest
-    event, its error and its stages. A value, read once: nothing is set on a model instance."""
+    event, its error, its stages, its children, the signals it takes and what it waits for. A
+    value, read once: nothing is set on a model instance."""
 
     id: uuid.UUID
     domain: str  # the job's type (named `domain` on the wire and in the model)
@@ -242,11 +254,15 @@ class JobDetail:
     latest_event: dict | None  # latest_event(): while Redis keeps it (EVENTBUS["STATE_TTL"])
     error: dict | None  # job_error(): why a FAILED job failed
     stages: tuple[StageDetail, ...]
+    parent_id: uuid.UUID | None = None  # the job whose stage started this one (ctx.start_child)
+    children: tuple[JobChild, ...] = ()  # the jobs its stages started, oldest first
+    signals: tuple[str, ...] = ()  # the signals its type declares (Stage.signals)
+    waiting_for: str | None = None  # what its waiting stage waits for (StageRecord.waiting_for)
 
 
 def job_detail(user, job_id) -> JobDetail | None:
-    """The job with its latest event, error and stages, if `user` sees it (visible_jobs), else
-    None: the jobs API's GET /api/jobs/<job_id>/.
+    """The job with its latest event, error, stages and children, if `user` sees it
+    (visible_jobs), else None: the jobs API's GET /api/jobs/<job_id>/.
 
     Parameters
     ----------
@@ -260,6 +276,7 @@ def job_detail(user, job_id) -> JobDetail | None:
         return None
     latest = latest_event(job.domain, str(job.id))
     records = job_stage_records(job)  # one query: the stages and the job's error come from it
+    stages = tuple(stage_details(job, records))
     return JobDetail(
         id=job.id,
         domain=job.domain,
@@ -272,8 +289,35 @@ def job_detail(user, job_id) -> JobDetail | None:
         retried_by=job.retried_by,  # type: ignore[attr-defined]  # visible_job's annotation
         latest_event=latest,
         error=job_error(job, latest, records),
-        stages=tuple(stage_details(job, records)),
+        stages=stages,
+        parent_id=job.parent_id,
+        children=job_children(user, job),
+        signals=job_signal_names(job.domain),
+        waiting_for=None if job.ended else next((s.waiting_for for s in stages if s.waiting_for), None),
     )
+
+
+def job_children(user, job) -> tuple[JobChild, ...]:
+    """The jobs the job's stages started (ctx.start_child) that `user` sees, oldest first, in
+    one query."""
+    rows = (
+        visible_jobs(user)
+        .filter(parent=job)
+        .order_by("accepted_at", "id")
+        .values_list("id", "domain", "state")
+    )
+    return tuple(JobChild(*row) for row in rows)
+
+
+def job_signal_names(domain: str) -> tuple[str, ...]:
+    """The signals a job of this type takes (its stages' Stage.signals); none for a type no
+    longer registered."""
+    from eventbus.jobtypes import job_type
+
+    try:
+        return job_type(domain).signal_names()
+    except UnknownJobType:
+        return ()
 
 
 def job_error(job, latest: dict | None, records) -> dict | None:
@@ -335,6 +379,7 @@ def stage_details(job, records) -> list[StageDetail]:
                 finished_at=record.finished_at if record else None,
                 # A cancel is no failure: its record's JobCancelled is for staff (the admin).
                 error=None if row.state == "CANCELLED" else _stage_error(record),
+                waiting_for=record.waiting_for if record and record.finished_at is None else None,
             )
         )
     return details

@@ -1,7 +1,7 @@
 """The jobs API: POST /api/jobs/ (Idempotency-Key required), GET /api/jobs/ (the user's jobs,
 filtered, paginated), GET /api/jobs/<job_id>/ (one job with its stages), POST
-/api/jobs/<job_id>/cancel/ and /retry/: thin calls of the job services (eventbus.services),
-every read of a job through eventbus.selectors.
+/api/jobs/<job_id>/cancel/ and /retry/, POST /api/jobs/<job_id>/signals/<name>/: thin calls of
+the job services (eventbus.services), every read of a job through eventbus.selectors.
 Throttled (scope "jobs", gateway.throttling) and described by an OpenAPI schema (gateway.openapi)."""
 
 from rest_framework import serializers, status
@@ -12,7 +12,7 @@ from rest_framework.response import Response
 from rest_framework.throttling import ScopedRateThrottle
 from rest_framework.views import APIView
 
-from eventbus import InvalidPayload, cancel_job, retry_job, start_job
+from eventbus import InvalidPayload, cancel_job, retry_job, signal_job, start_job
 from eventbus.exceptions import JobServiceError
 from eventbus.models import Job
 from eventbus.selectors import job_detail, job_list, visible_job
@@ -20,6 +20,7 @@ from idempotency.decorators import idempotency_key
 from idempotency.exceptions import IdempotencyKeyMismatch
 from idempotency.problems import problem, problem_from_error
 
+from .conf import gateway_settings
 from .openapi import documented
 from .pagination import JobPagination
 from .parsers import JSONParser
@@ -28,6 +29,8 @@ from .serializers import (
     JobFilterSerializer,
     JobRequestSerializer,
     JobSerializer,
+    SignalSentSerializer,
+    payload_problem,
     ws_url,
 )
 from .throttling import SCOPE, JobsThrottle
@@ -86,6 +89,7 @@ class JobListView(JobsView):
                 key=context.key,
                 owner=request.user,
                 scope=context.scope,
+                run_after=serializer.validated_data.get("run_after"),
             )
         except InvalidPayload as exc:
             raise serializers.ValidationError({"payload": exc.errors}) from None
@@ -165,3 +169,41 @@ class JobRetryView(JobsView):
         body = job_body(new, request)
         body["retry_of"] = str(job.id)
         return Response(body, status=status.HTTP_201_CREATED)
+
+
+@documented
+class JobSignalView(JobsView):
+    """POST (Idempotency-Key required; the body, a JSON object, is the signal's payload, an empty
+    body `{}`): send the signal `name` to the job (202), which a stage's ctx.wait_for(name) takes.
+    A name its type does not declare, 400; sent already under another key, or an ended job, 409."""
+
+    parser_classes = [JSONParser]  # the body is the payload: JSON only
+
+    @idempotency_key("required", atomic=True)
+    def post(self, request, job_id, name):
+        job = job_to_act_on(request, job_id)
+        payload = request.data
+        if not isinstance(payload, dict):
+            raise serializers.ValidationError({"payload": "A signal's payload is a JSON object."})
+        problem_text = payload_problem(payload, gateway_settings.PAYLOAD_MAX_DEPTH)
+        if problem_text is not None:
+            raise serializers.ValidationError({"payload": problem_text})
+        try:
+            sent, _created = signal_job(
+                job.id, name, payload, key=request.idempotency.key, sent_by=request.user
+            )
+        except InvalidPayload as exc:
+            raise serializers.ValidationError({"payload": exc.errors}) from None
+        except IdempotencyKeyMismatch as exc:
+            return problem_from_error(exc)
+        except JobServiceError as exc:
+            return service_problem(exc)
+        except Job.DoesNotExist:  # deleted meanwhile (cleanup_jobs)
+            raise NotFound("No such job.") from None
+        body = {
+            "job_id": job.id,
+            "signal": sent.name,
+            "sent_at": sent.sent_at,
+            "delivered": sent.delivered_at is not None,
+        }
+        return Response(SignalSentSerializer(body).data, status=status.HTTP_202_ACCEPTED)

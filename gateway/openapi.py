@@ -16,12 +16,15 @@ from __future__ import annotations
 from importlib.util import find_spec
 
 from .serializers import (
+    MAX_RUN_AFTER,
     JobAcceptedSerializer,
     JobDetailSerializer,
     JobFilterSerializer,
     JobRequestSerializer,
     JobSerializer,
     ProblemSerializer,
+    RunAfterField,
+    SignalSentSerializer,
 )
 
 JSON, PROBLEM = "application/json", "application/problem+json"
@@ -29,13 +32,15 @@ JSON, PROBLEM = "application/json", "application/problem+json"
 # What each error status means on the jobs API.
 PROBLEMS = {
     400: "Bad input: no Idempotency-Key (where required) or a malformed one, a body, payload, "
-    "filter or page that is not valid (`errors` says which).",
+    "filter or page that is not valid (`errors` says which); a signal the job's type does not "
+    "declare (`signals` lists those it does).",
     401: "Not authenticated (a session or `Authorization: Token <key>`).",
     403: "Refused: a session-authenticated request without its CSRF token.",
     404: "No such job (or another user's), or a page past the end.",
     409: "A request with this Idempotency-Key is still running (retry after Retry-After seconds); "
-    "to cancel or retry: the job is not in a state that allows it, or (to retry) it was retried "
-    "already under another key (`retried_by` names its retry).",
+    "to cancel, retry or signal: the job is not in a state that allows it (to cancel or signal: it "
+    "has ended), or (to retry) it was retried already under another key (`retried_by` names its "
+    "retry), or (to signal) the signal was sent already under another key (`signal` names it).",
     422: "This Idempotency-Key was used for another request (another body or path).",
     429: "Throttled (REST_FRAMEWORK['DEFAULT_THROTTLE_RATES']['jobs']), or too many jobs running "
     "(EVENTBUS['MAX_RUNNING_JOBS_PER_USER']), or too many started in the period "
@@ -50,10 +55,25 @@ def documented(view):
         return view
     from drf_spectacular.utils import extend_schema_view
 
+    describe_fields()
     described = schemas()
     if view.__name__ not in described:
         raise LookupError(f"gateway.openapi.schemas() has no entry for {view.__name__}: give it one.")
     return extend_schema_view(**described[view.__name__])(view)
+
+
+def describe_fields() -> None:
+    """The OpenAPI description of the request fields of the API's own types (RunAfterField)."""
+    from drf_spectacular.utils import extend_schema_field
+
+    extend_schema_field(
+        {
+            "oneOf": [
+                {"type": "string", "format": "date-time"},
+                {"type": "number", "minimum": 0, "maximum": int(MAX_RUN_AFTER.total_seconds())},
+            ]
+        }
+    )(RunAfterField)
 
 
 def problems(*statuses: int) -> dict:
@@ -82,6 +102,18 @@ def idempotency_key(*, required: bool):
         ),
         # Bare: printable ASCII, no blank at either end (they are stripped) nor a leading quote.
         pattern=r"^[!#-~](?:[ -~]{0,253}[!-~])?$",
+    )
+
+
+def signal_name():
+    """The signal's name, in the path."""
+    from drf_spectacular.utils import OpenApiParameter
+
+    return OpenApiParameter(
+        "name",
+        str,
+        OpenApiParameter.PATH,
+        description="The signal's name: one the job's type declares (its detail's `signals`).",
     )
 
 
@@ -167,6 +199,27 @@ def schemas() -> dict[str, dict]:
                 parameters=[idempotency_key(required=True), retry_after(409, 429, 503), replayed(201)],
                 responses={
                     (201, JSON): OpenApiResponse(JobAcceptedSerializer, description="The new job."),
+                    **problems(400, 401, 403, 404, 409, 422, 429, 503),
+                },
+            ),
+        },
+        "JobSignalView": {
+            "post": extend_schema(
+                summary="Send a signal to a job, once per Idempotency-Key",
+                description="The body (a JSON object; an empty body is `{}`) is the signal's payload, "
+                "which a stage's ctx.wait_for(name) returns; a job WAITING for it is woken. One signal "
+                "of each name per job: the same key again is the same signal, another key a 409.",
+                request={"application/json": {"type": "object", "additionalProperties": True}},
+                parameters=[
+                    signal_name(),
+                    idempotency_key(required=True),
+                    retry_after(409, 429, 503),
+                    replayed(202),
+                ],
+                responses={
+                    (202, JSON): OpenApiResponse(
+                        SignalSentSerializer, description="Sent (or, on a replay, sent before)."
+                    ),
                     **problems(400, 401, 403, 404, 409, 422, 429, 503),
                 },
             ),

@@ -9,4 +9,5 @@ urlpatterns = [
     path("api/jobs/<uuid:job_id>/", api.JobDetailView.as_view(), name="job-detail"),
     path("api/jobs/<uuid:job_id>/cancel/", api.JobCancelView.as_view(), name="job-cancel"),
     path("api/jobs/<uuid:job_id>/retry/", api.JobRetryView.as_view(), name="job-retry"),
+    path("api/jobs/<uuid:job_id>/signals/<str:name>/", api.JobSignalView.as_view(), name="job-signal"),
 ]

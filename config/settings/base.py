@@ -189,7 +189,7 @@ IDEMPOTENCY: dict[str, object] = {
 
 # The event bus: see eventbus.conf for every key. test.py adds its own keys to this dict.
 # The demo's job types, written with the toolkit's public API (config/jobs.py).
-DEMO_JOB_TYPES = ("config.jobs.ScanJob", "config.jobs.ChatJob")
+DEMO_JOB_TYPES = ("config.jobs.ScanJob", "config.jobs.ChatJob", "config.jobs.ApprovalJob")
 EVENTBUS: dict[str, object] = {"JOB_TYPES": DEMO_JOB_TYPES}
 if env_flag("EVENTBUS_CLUSTER"):
     EVENTBUS["CLUSTER"] = True

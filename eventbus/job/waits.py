@@ -32,6 +32,8 @@ StageContext = Any
 
 # Where a stage's children keep their keys: three parts, which no request's scope can be.
 CHILD_SCOPE_PREFIX = ("child", "eventbus")
+# StageRecord.waiting_for's length: "signal:" and the names a wait_for waits for, joined by ",".
+WAITING_FOR_LENGTH = StageRecord._meta.get_field("waiting_for").max_length or 100
 
 
 class StageWaiting(BaseException):  # noqa: N818
@@ -77,38 +79,46 @@ def sleep(ctx: StageContext, duration: float | timedelta) -> None:
     raise StageWaiting(ctx.stage, "sleep", until=due)
 
 
-def wait_for(ctx: StageContext, name: str, timeout: float | timedelta | None = None) -> Any:
+def wait_for(ctx: StageContext, names: tuple[str, ...], timeout: float | timedelta | None = None) -> Any:
     """See StageContext.wait_for."""
     declared = ctx._planned.stage.signals
-    if name not in declared:
+    names = tuple(dict.fromkeys(names))
+    for name in names:
+        if name not in declared:
+            raise ValueError(
+                f"Stage {ctx.stage!r} declares no signal {name!r} (Stage(signals=...)): {list(declared)}"
+            )
+    key = f"signal:{','.join(names)}"
+    if len(key) > WAITING_FOR_LENGTH:
         raise ValueError(
-            f"Stage {ctx.stage!r} declares no signal {name!r} (Stage(signals=...)): {list(declared)}"
+            f"Stage {ctx.stage!r}: the names of one wait take at most {WAITING_FOR_LENGTH - 7} characters"
         )
-    sent = take_signal(ctx.job_id, name)
+    sent = take_signal(ctx.job_id, *names)
     if sent is not None:
-        return sent.payload
-    key = f"signal:{name}"
+        return sent.payload if len(names) == 1 else (sent.name, sent.payload)
     now = timezone.now()
     if key not in ctx.waits:
         ctx.waits[key] = None if timeout is None else (now + timedelta(seconds=_seconds(timeout))).isoformat()
     deadline = _due(ctx.waits[key])
     if deadline is not None and deadline <= now:
-        raise StageTimeout(f"Stage {ctx.stage!r}: no signal {name!r} came in time")
+        raise StageTimeout(f"Stage {ctx.stage!r}: no signal {' or '.join(map(repr, names))} came in time")
     job_id = ctx.job_id
     raise StageWaiting(
         ctx.stage,
         key,
         until=deadline,
-        ready=lambda: JobSignal.objects.filter(job_id=job_id, name=name).exists(),
+        ready=lambda: JobSignal.objects.filter(job_id=job_id, name__in=names).exists(),
     )
 
 
-def take_signal(job_id, name: str) -> JobSignal | None:
-    """The signal `name` sent to the job, marked delivered (None: not sent yet)."""
-    sent = JobSignal.objects.filter(job_id=job_id, name=name).first()
-    if sent is not None and sent.delivered_at is None:
-        JobSignal.objects.filter(pk=sent.pk, delivered_at__isnull=True).update(delivered_at=timezone.now())
-    return sent
+def take_signal(job_id, *names: str) -> JobSignal | None:
+    """The signal sent to the job among `names`, marked delivered (None: none sent yet): the one
+    delivered before, if any (what an earlier attempt of the wait took), else the first sent."""
+    sent = list(JobSignal.objects.filter(job_id=job_id, name__in=names).order_by("sent_at", "pk"))
+    taken = next((signal for signal in sent if signal.delivered_at is not None), sent[0] if sent else None)
+    if taken is not None and taken.delivered_at is None:
+        JobSignal.objects.filter(pk=taken.pk, delivered_at__isnull=True).update(delivered_at=timezone.now())
+    return taken
 
 
 def start_child(ctx: StageContext, job_type: str | type[JobType], payload: dict) -> Job:

@@ -275,7 +275,7 @@ def test_the_change_permission_still_brings_the_actions_and_nothing_else(make_jo
         return set() if form is None else {value for value, _ in form.fields["action"].choices if value}
 
     assert actions(viewer) == set()
-    assert actions(changer) == {"cancel_jobs", "retry_jobs"}
+    assert actions(changer) == {"cancel_jobs", "retry_jobs", "signal_jobs"}
     assert actions(deleter) == {"delete_selected"}  # deleting stays the model's delete permission
     job = make_job()
     assert viewer.post(f"{JOBS}{job.pk}/delete/", {"post": "yes"}).status_code == 403

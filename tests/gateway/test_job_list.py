@@ -13,7 +13,18 @@ from eventbus.models import Job, StageRecord
 
 pytestmark = pytest.mark.django_db
 
-ITEM_KEYS = {"job_id", "domain", "state", "ws_url", "accepted_at", "run_after", "completed_at", "retry_of", "retried_by"}
+ITEM_KEYS = {
+    "job_id",
+    "domain",
+    "state",
+    "ws_url",
+    "accepted_at",
+    "run_after",
+    "completed_at",
+    "retry_of",
+    "retried_by",
+    "parent",
+}
 
 
 def make_job(owner, key, *, domain="scan", state="PENDING", minutes_ago=0, **fields):
@@ -186,6 +197,7 @@ def test_the_detail_shows_every_declared_stage_with_its_record(api_client, user)
         "started_at": None,
         "finished_at": None,
         "error": None,
+        "waiting_for": None,
     }
     # A stage started and neither finished nor failed is running.
     record(job, "third", attempts=1)

@@ -72,6 +72,7 @@ def test_the_schema_describes_the_jobs_api(schema):
         "started_at",
         "finished_at",
         "error",
+        "waiting_for",
     }
     assert {"tokenAuth", "cookieAuth"} <= set(schema["components"]["securitySchemes"])
 

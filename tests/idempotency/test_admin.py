@@ -139,7 +139,11 @@ def test_the_job_admin_offers_only_the_job_actions_without_delete_and_neither_ad
     job = Job.objects.create(domain="scan", owner=user, idem_key="k-1", scope=f"u:{user.pk}")
     changer = staff(django_user_model, "changer", "change_job", "change_idempotencyrecord")
     listing = changer.get("/admin/eventbus/job/")
-    assert listing.status_code == 200 and offered_actions(listing) == {"cancel_jobs", "retry_jobs"}
+    assert listing.status_code == 200 and offered_actions(listing) == {
+        "cancel_jobs",
+        "retry_jobs",
+        "signal_jobs",
+    }
     for page in (
         f"/admin/eventbus/job/{job.pk}/change/",
         f"{CHANGELIST}{owner_record[2].pk}/change/",

@@ -9,7 +9,10 @@
 // it does not replay). It then asks for the newest page of the list every couple of seconds,
 // so that a job started elsewhere (or retried elsewhere) shows up without a reload. Each card
 // has a Cancel button while its job is live and a Retry button once it failed, timed out or was
-// cancelled and has no retry yet. Text from the server goes in with textContent.
+// cancelled and has no retry yet. A WAITING job's card says what it waits for and until when;
+// waiting for a signal, it has a button per signal awaited, which sends it (POST
+// /api/jobs/<id>/signals/<name>/). A job's parent and children are links to their cards. Text
+// from the server goes in with textContent.
 "use strict";
 
 // Every registered job type, as the server declares it (gateway.views.index): its stages in
@@ -20,12 +23,14 @@ const STAGES = Object.fromEntries(JOB_TYPES.map((t) => [t.name, t.stages]));
 const DEFAULT_PAYLOADS = Object.fromEntries(JOB_TYPES.map((t) => [t.name, t.example_payload]));
 const PAYLOAD_HINTS = Object.fromEntries(JOB_TYPES.map((t) => [t.name, t.description]));
 
-const LIVE = ["PENDING", "RUNNING"];
+// Not ended: a WAITING job's stage waits (a sleep, a signal, its children) and holds no worker.
+const LIVE = ["PENDING", "RUNNING", "WAITING"];
 const ENDED = ["COMPLETED", "FAILED", "TIMED_OUT", "CANCELLED"];
 const RETRYABLE = ["FAILED", "TIMED_OUT", "CANCELLED"];
 const STATE_WORDS = {
   PENDING: "pending",
   RUNNING: "running",
+  WAITING: "waiting",
   COMPLETED: "completed",
   FAILED: "failed",
   TIMED_OUT: "timed out",
@@ -38,6 +43,8 @@ const LIST_PAGE_SIZE = 10;
 // asks for its detail then, and again less and less often while it stays quiet.
 const QUIET_FIRST_MS = 2000;
 const QUIET_MAX_MS = 16000;
+// A job's children linked on its card (the count says how many in all).
+const SHOWN_CHILDREN = 10;
 
 function csrfToken() {
   const match = document.cookie.match(/(?:^|; )csrftoken=([^;]+)/);
@@ -226,6 +233,11 @@ function addCard(job, { after }) {
     retryKey: null, // the key of a retry whose answer never came: sent again on the next press
     retriedAs: null,
     cancelling: false, // a cancel was accepted; the run has not stopped yet
+    waitingFor: null, // what its waiting stage waits for, as its detail said ("signal:approve,reject")
+    runAfter: null, // when a WAITING job resumes (or a delayed one starts), if known
+    signals: [], // the signals its type declares, as its detail said
+    signalKeys: {}, // by signal name: the key of a send whose answer never came, sent again on the next press
+    signalledFor: null, // the wait a signal was sent for: its buttons stay hidden until the job runs
   };
   for (const stage of STAGES[job.domain] || []) addChip(state, stage);
   // Many cards, one name each: the job's, for whoever reads the page by its controls.
@@ -234,6 +246,7 @@ function addCard(job, { after }) {
   card.querySelector(".retry").setAttribute("aria-label", `Retry the ${job.domain} job ${shortId(jobId)}`);
   card.querySelector(".cancel").addEventListener("click", () => cancelJob(state));
   card.querySelector(".retry").addEventListener("click", () => retryJob(state));
+  card.querySelector(".signals").setAttribute("aria-label", `Signals the ${job.domain} job ${shortId(jobId)} waits for`);
   card.querySelector(".connection").hidden = true; // until a stream is opened
   const jobs = document.getElementById("jobs");
   if (after === null) jobs.prepend(card);
@@ -283,8 +296,10 @@ function setJobState(state, jobState, { quiet = false } = {}) {
   const previous = state.jobState;
   if (ENDED.includes(previous)) return; // a final state is never left
   if (previous === "RUNNING" && jobState === "PENDING") return; // an older answer
+  if (previous === "WAITING" && jobState === "PENDING") return; // an older answer too
   if (!(jobState in STATE_WORDS)) return;
   state.jobState = jobState;
+  if (jobState !== "WAITING") state.signalledFor = null; // it ran: a new wait gets its buttons
   const card = state.card;
   card.dataset.state = jobState;
   const badge = card.querySelector(".job-state");
@@ -292,6 +307,7 @@ function setJobState(state, jobState, { quiet = false } = {}) {
   const cancel = card.querySelector(".cancel");
   cancel.hidden = !LIVE.includes(jobState);
   card.querySelector(".retry").hidden = !RETRYABLE.includes(jobState) || state.retriedAs !== null;
+  showWait(state);
   if (ENDED.includes(jobState)) {
     clearTimeout(state.quietTimer);
     forgetSeq(state.job.job_id);
@@ -363,9 +379,10 @@ function showProblem(state, text) {
   if (text) announce(`${state.job.domain} job ${shortId(state.job.job_id)}: ${text}`);
 }
 
-function showActionKey(state, key) {
+function showActionKey(state, key, what = "Retry") {
   const sent = state.card.querySelector(".action-key");
   sent.hidden = false;
+  sent.querySelector(".action-what").textContent = what;
   sent.querySelector("code").textContent = key;
 }
 
@@ -529,8 +546,9 @@ function onReset(state, snapshot) {
 
 function expectQuiet(state) {
   clearTimeout(state.quietTimer);
-  // Only a running job waits for a retry; a pending one's next news is its first event.
-  if (state.jobState !== "RUNNING") return;
+  // Only a running job waits for a retry; a pending one's next news is its first event. A
+  // waiting one may resume, and wait again, without an event (a sleep, a signal sent elsewhere).
+  if (state.jobState !== "RUNNING" && state.jobState !== "WAITING") return;
   state.quietTimer = setTimeout(async () => {
     const answer = await refreshDetail(state);
     state.quietDelay = Math.min(QUIET_MAX_MS, state.quietDelay * 2);
@@ -561,7 +579,13 @@ function showDetail(state, detail) {
   }
   for (const stage of Array.isArray(detail.stages) ? detail.stages : []) showStage(state, stage, detail.state);
   if (detail.error && typeof detail.error === "object") showFailure(state, null, detail.error);
+  // Absent (an older server): no wait to tell, no signal to offer.
+  state.waitingFor = typeof detail.waiting_for === "string" ? detail.waiting_for : null;
+  state.runAfter = typeof detail.run_after === "string" ? detail.run_after : null;
+  state.signals = Array.isArray(detail.signals) ? detail.signals.map(String) : [];
+  showFamily(state, detail);
   setJobState(state, detail.state);
+  showWait(state);
 }
 
 function showStage(state, stage, jobState) {
@@ -583,6 +607,9 @@ function showStage(state, stage, jobState) {
       break;
     case "CANCELLED":
       setChip(chip, "CANCELLED", "cancelled");
+      break;
+    case "WAITING":
+      setChip(chip, "WAITING", waitWords(stage.waiting_for));
       break;
     case "FAILED":
       // An older server says FAILED (error JobCancelled) of the stage a cancel stopped.
@@ -616,6 +643,122 @@ function showFailure(state, stage, error, context) {
 function clearFailure(state, stage) {
   const line = state.card.querySelector(`.stage-notes li[data-stage="${CSS.escape(stage)}"]`);
   if (line) line.remove();
+}
+
+// -- waits, signals, parent and children ----------------------------------------------------------
+
+// The signals a wait is for: "signal:approve,reject" -> ["approve", "reject"]; [] for another wait.
+function awaitedSignals(waitingFor) {
+  if (typeof waitingFor !== "string" || !waitingFor.startsWith("signal:")) return [];
+  return waitingFor.slice("signal:".length).split(",").filter(Boolean);
+}
+
+// A stage's wait, in words: its chip's note and the card's wait line.
+function waitWords(waitingFor) {
+  const signals = awaitedSignals(waitingFor);
+  if (signals.length) return `waiting for ${signals.join(" or ")}`;
+  if (waitingFor === "sleep") return "sleeping";
+  if (waitingFor === "children") return "waiting for its children";
+  return "waiting";
+}
+
+function when(iso) {
+  const moment = new Date(iso);
+  return Number.isNaN(moment.getTime()) ? String(iso) : moment.toLocaleString();
+}
+
+// The card's wait line (what a WAITING job waits for, until when; when a delayed job starts) and
+// its signal buttons: one per signal its waiting stage awaits, among those its type declares.
+function showWait(state) {
+  const line = state.card.querySelector(".wait");
+  const group = state.card.querySelector(".signals");
+  const waiting = state.jobState === "WAITING";
+  let text = "";
+  if (waiting) {
+    text = waitWords(state.waitingFor);
+    text = text.charAt(0).toUpperCase() + text.slice(1);
+    // A sleep's end, a signal's timeout (past it the stage fails), or when it resumes anyway.
+    if (state.runAfter) {
+      const bounded = state.waitingFor === "sleep" || awaitedSignals(state.waitingFor).length > 0;
+      text += bounded ? ` until ${when(state.runAfter)}` : `; resumes at ${when(state.runAfter)} at the latest`;
+    }
+    text += ".";
+  } else if (state.jobState === "PENDING" && state.runAfter && new Date(state.runAfter) > new Date()) {
+    text = `Starts at ${when(state.runAfter)}.`;
+  }
+  line.hidden = !text;
+  line.textContent = text;
+  const declared = state.signals;
+  const offered = waiting && state.signalledFor !== state.waitingFor
+    ? awaitedSignals(state.waitingFor).filter((name) => declared.length === 0 || declared.includes(name))
+    : [];
+  const shown = [...group.querySelectorAll("button")].map((button) => button.dataset.signal);
+  if (shown.join(",") !== offered.join(",")) {
+    group.replaceChildren(
+      ...offered.map((name) => {
+        const button = document.createElement("button");
+        button.type = "button";
+        button.className = "signal";
+        button.dataset.signal = name;
+        button.textContent = name;
+        button.setAttribute("aria-label", `Send the signal ${name} to the ${state.job.domain} job ${shortId(state.job.job_id)}`);
+        button.addEventListener("click", () => sendSignal(state, name));
+        return button;
+      }),
+    );
+  }
+  group.hidden = offered.length === 0;
+}
+
+// The job that started this one, and the jobs its stages started (each a link to its card, which
+// the list brings: they are the same user's jobs), with their states.
+function showFamily(state, detail) {
+  const family = state.card.querySelector(".family");
+  const parts = [];
+  if (detail.parent) parts.push(["Started by ", jobLink(String(detail.parent))]);
+  const children = Array.isArray(detail.children) ? detail.children : [];
+  if (children.length) {
+    const links = [`${children.length} ${children.length === 1 ? "child" : "children"}: `];
+    children.slice(0, SHOWN_CHILDREN).forEach((child, index) => {
+      if (index) links.push(", ");
+      links.push(jobLink(String(child.job_id)), ` (${STATE_WORDS[child.state] || String(child.state).toLowerCase()})`);
+    });
+    if (children.length > SHOWN_CHILDREN) links.push(` and ${children.length - SHOWN_CHILDREN} more`);
+    parts.push(links);
+  }
+  family.hidden = parts.length === 0;
+  family.replaceChildren(...parts.flatMap((part, index) => (index ? [" · ", ...part] : part)));
+}
+
+async function sendSignal(state, name) {
+  const buttons = [...state.card.querySelectorAll(".signals button")];
+  for (const each of buttons) each.disabled = true;
+  showProblem(state, "");
+  // A new key per press; the same one again when the last press got no answer (it may have sent
+  // the signal: the server then answers with that one).
+  state.signalKeys[name] = state.signalKeys[name] || crypto.randomUUID();
+  showActionKey(state, state.signalKeys[name], `Signal ${name}`);
+  const answer = await callApi(
+    `/api/jobs/${encodeURIComponent(state.job.job_id)}/signals/${encodeURIComponent(name)}/`,
+    { method: "POST", key: state.signalKeys[name], body: "{}" },
+  );
+  for (const each of buttons) each.disabled = false;
+  if (answer.status === 0 || answer.status >= 500) {
+    showProblem(state, `Signal ${name}: ${answer.problem}. Press ${name} again: the same Idempotency-Key is sent.`);
+    return;
+  }
+  state.signalKeys[name] = null;
+  if (answer.ok) {
+    // The job wakes and runs on: its events come over its stream. No second signal for this wait.
+    state.signalledFor = state.waitingFor;
+    showWait(state);
+    announce(`${state.job.domain} job ${shortId(state.job.job_id)}: signal ${name} sent`);
+    state.quietDelay = QUIET_FIRST_MS;
+    expectQuiet(state);
+    return;
+  }
+  showProblem(state, `Signal ${name} refused: ${answer.problem}`);
+  if (answer.status === 409) refreshDetail(state); // sent already, or the job ended: show how it stands
 }
 
 // -- cancel and retry ---------------------------------------------------------------------------
