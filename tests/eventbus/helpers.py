@@ -145,8 +145,15 @@ def expected_events(domain: str, payload: dict | None = None) -> list[tuple[str,
 
 
 def queued_task_ids(client, queue: str = "celery") -> list[str]:
-    """Ids of the task messages waiting in a Celery queue on the Redis broker."""
-    return [json.loads(message)["headers"]["id"] for message in client.lrange(queue, 0, -1)]
+    """Ids of the task messages waiting in a Celery queue on the Redis broker, newest first
+    (the reverse of the order a worker takes them). kombu keeps each priority band in a list of
+    its own (the queue's name for band 0, the name, kombu's separator and the band for the
+    others), and a job's priority picks the band (eventbus.tasks.broker_priority: 0, the
+    default, is band 3)."""
+    from kombu.transport.redis import PRIORITY_STEPS, Channel
+
+    keys = [queue if band == 0 else f"{queue}{Channel.sep}{band}" for band in reversed(PRIORITY_STEPS)]
+    return [json.loads(message)["headers"]["id"] for key in keys for message in client.lrange(key, 0, -1)]
 
 
 def point_broker(url: str) -> None:

@@ -374,8 +374,8 @@ def test_the_running_cap_of_eventbus_limits_refuses_new_jobs_not_replays(
     broker, api_client, user, tmp_path, monkeypatch
 ):
     """eventbus.job.limits's cap is checked for a new job only: 429 with Retry-After."""
-    from eventbus import services
     from eventbus.exceptions import JobLimitReached
+    from eventbus.job import accepting
 
     capped = []
 
@@ -384,7 +384,7 @@ def test_the_running_cap_of_eventbus_limits_refuses_new_jobs_not_replays(
         if len(capped) > 1:
             raise JobLimitReached(retry_after=7)
 
-    monkeypatch.setattr(services, "check_running_cap", check_running_cap)
+    monkeypatch.setattr(accepting, "check_running_cap", check_running_cap)
     payload = flaky_payload(tmp_path)
     body = {"domain": "flaky", "payload": payload}
     first = api_client.post("/api/jobs/", body, format="json", HTTP_IDEMPOTENCY_KEY="cap-1")
