@@ -80,7 +80,7 @@ class Job(models.Model):
     # there (-100..100, higher first), as a django.tasks task asks (eventbus.backends).
     queue = models.CharField(max_length=64, blank=True, default="")
     priority = models.SmallIntegerField(default=0)
-    # The W3C trace context of the span that accepted it (eventbus.tracing): its run joins that
+    # The W3C trace context of the span that accepted it (exactly_once.tracing): its run joins that
     # trace. Empty without tracing.
     trace_context = models.CharField(max_length=512, blank=True, default="")
 

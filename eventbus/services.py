@@ -41,6 +41,7 @@ from eventbus.jobtypes import InvalidPayload, JobType
 from eventbus.models import Job, JobSignal
 from eventbus.selectors import retry_id
 from exactly_once.jsontext import json_unstorable
+from exactly_once.tracing import inject, span
 from idempotency.exceptions import IdempotencyKeyMismatch
 from idempotency.keys import IdemKey
 from idempotency.scope import join_scope
@@ -110,18 +111,24 @@ def start_job(
         Past the owner's running cap.
     JobCreationLimitReached
         Past the owner's jobs started per period."""
-    return accepting.accept(
-        job_type,
-        payload,
-        key=key,
-        owner=owner,
-        scope=scope,
-        deadline=deadline,
-        run_after=run_after,
-        queue=queue,
-        priority=priority,
-        on_accepted=_enqueue,
-    )
+    # The span that accepts the job: the job keeps its trace context (Job.trace_context, set by
+    # accepting.accept), and its run joins the trace.
+    with span("eventbus.enqueue", domain=getattr(job_type, "name", job_type)) as traced:
+        job, created = accepting.accept(
+            job_type,
+            payload,
+            key=key,
+            owner=owner,
+            scope=scope,
+            deadline=deadline,
+            run_after=run_after,
+            queue=queue,
+            priority=priority,
+            on_accepted=_enqueue,
+        )
+        if traced is not None:
+            traced.set_attributes({"job_id": str(job.pk), "domain": job.domain, "created": created})
+    return job, created
 
 
 def cancel_job(job_id) -> Job:
@@ -205,6 +212,14 @@ def retry_job(job_id, *, key: str | IdemKey, owner=None, scope: str | None = Non
         two keys give one new job and one refusal).
     JobLimitReached, JobCreationLimitReached
         The owner's limits, as start_job."""
+    with span("eventbus.enqueue", retry_of=str(job_id)) as traced:
+        job, created = _retry_job(job_id, key=key, owner=owner, scope=scope)
+        if traced is not None:
+            traced.set_attributes({"job_id": str(job.pk), "domain": job.domain, "created": created})
+    return job, created
+
+
+def _retry_job(job_id, *, key: str | IdemKey, owner, scope: str | None) -> tuple[Job, bool]:
     old = Job.objects.get(pk=job_id)
     if old.state not in Job.RETRYABLE_STATES:
         raise JobNotRetryable(old)
@@ -225,6 +240,7 @@ def retry_job(job_id, *, key: str | IdemKey, owner=None, scope: str | None = Non
         retry_of=old,
         queue=old.queue,
         priority=old.priority,
+        trace_context=inject(),
     )
     if not accepted_before(scope, idem_key):
         retried_by = retry_id(old)

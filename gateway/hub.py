@@ -32,6 +32,7 @@ from eventbus.pubsub import (
     refresh_slot_map,
 )
 from eventbus.selectors import Backfill, read_backfills
+from exactly_once.tracing import TRACING, extract, span
 
 from .backoff import Backoff, retrying
 from .conf import gateway_settings
@@ -45,6 +46,14 @@ REDIS_AWAY: tuple[type[BaseException], ...] = (aioredis.ConnectionError, aioredi
 REHOME_TRIES = 6
 READ_BATCH = 100  # jobs' history reads pipelined in one round trip
 REDIS_AWAY_OR_RACED: tuple[type[BaseException], ...] = (*REDIS_AWAY, RuntimeError)  # see add()
+
+
+def untraced(raw: bytes | str) -> bytes | str:
+    """A channel message without the trace context a tracing router appended as its last member
+    (eventbus.bus.events): the event JSON as the history holds it, to the byte."""
+    if isinstance(raw, bytes):
+        return raw[: raw.rindex(b',"tp":')] + b"}"
+    return raw[: raw.rindex(',"tp":')] + "}"
 
 
 class Frame:
@@ -390,10 +399,29 @@ class Hub:
             if listeners:
                 try:
                     # Once, whatever the sockets on the channel.
-                    frame = Frame(message["data"], json.loads(message["data"]))
+                    raw = message["data"]
+                    event = json.loads(raw)
+                    # A tracing router's trace context, the message's last member: never sent on
+                    # (whether this process traces or not), the frame is the event as stored.
+                    traceparent = event.pop("tp", None)
+                    if traceparent is not None:
+                        raw = untraced(raw)
+                    frame = Frame(raw, event)
                 except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
                     # Not the router's: nobody else may stop the stream of every socket.
                     logger.warning("gateway hub: ignored a message on %s that is not an event", channel)
+                    return
+                if TRACING and traceparent is not None:
+                    with span(
+                        "gateway.frame",
+                        extract(traceparent),
+                        job_id=str(event.get("job_id", "")),
+                        domain=str(event.get("domain", "")),
+                        seq=frame.seq,
+                        sockets=len(listeners),
+                    ):
+                        for listener in listeners:
+                            listener.deliver(frame)
                     return
                 for listener in listeners:
                     listener.deliver(frame)

@@ -19,6 +19,8 @@ import logging
 from asgiref.sync import async_to_sync, iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.db import InterfaceError, OperationalError, close_old_connections
 
+from exactly_once.tracing import TRACING, annotate, span
+
 from . import metrics
 from .conf import idempotency_settings
 from .context import keyed_work
@@ -44,6 +46,14 @@ from .throttling import throttled_answer
 CONNECTION_ERRORS = (OperationalError, InterfaceError)
 
 logger = logging.getLogger(__name__)
+
+
+def count(outcome: str) -> None:
+    """Count a keyed request's outcome (idempotency.metrics), and name it on the request's span
+    (tracing on)."""
+    metrics.count(outcome)
+    if TRACING:
+        annotate(outcome=outcome)
 
 
 def call_view(view_func, request, args, kwargs):
@@ -73,13 +83,13 @@ def error_verdict(exc: BaseException) -> Verdict:
 def refusal(acquisition: Acquisition):
     """The answer of a key whose record answers instead of the view: replay, 409 or 422."""
     if acquisition.outcome is Outcome.REPLAY:
-        metrics.count("replay")
+        count("replay")
         assert acquisition.response is not None
         return replay(acquisition.response)
     if acquisition.outcome is Outcome.IN_FLIGHT:
-        metrics.count("conflict")
+        count("conflict")
         return problem_from_error(IdempotencyInProgress(retry_after=acquisition.retry_after))
-    metrics.count("mismatch")
+    count("mismatch")
     return problem_from_error(
         IdempotencyKeyMismatch(
             f"This {idempotency_settings.HEADER} was used for a request with another method, path, "
@@ -186,6 +196,12 @@ class IdempotencyMiddleware:
         -------
         HttpResponse or None
         """
+        # A keyed request's span (tracing): its outcome (count() names it), and what the view
+        # does (a job's enqueue) as its children.
+        with span("idempotency.request", method=request.method):
+            return self._guarded(request, policy, view_func, view_args, view_kwargs)
+
+    def _guarded(self, request, policy, view_func, view_args, view_kwargs):
         try:
             return self.keyed(request, policy, view_func, view_args, view_kwargs)
         except CONNECTION_ERRORS as exc:
@@ -193,7 +209,7 @@ class IdempotencyMiddleware:
             logger.warning(
                 "%s %s: database connection failed (%s); answered 503", request.method, request.path, exc
             )
-            metrics.count("database_unavailable")
+            count("database_unavailable")
             # Drop the dead connection now (Django would at the request's end): the rest of this
             # request (a session saved by its middleware) and the next start on a new one.
             close_old_connections()
@@ -225,6 +241,7 @@ class IdempotencyMiddleware:
         # never read, let alone hashed; the view refuses it as it would without a key.
         scope = resolve_scope(request, view_func)
         if scope is None:
+            annotate(outcome="unauthenticated")
             return None  # not authenticated: the view refuses the request, nothing is stored
 
         def own(answer):
@@ -232,12 +249,12 @@ class IdempotencyMiddleware:
             them, or by IDEMPOTENCY["THROTTLE_RATE"], first (idempotency.throttling)."""
             throttled = throttled_answer(request, view_func, view_args, view_kwargs, scope)
             if throttled is not None:
-                metrics.count("throttled")
+                count("throttled")
                 return throttled
             return answer()
 
         if raw_key is None:
-            metrics.count("invalid")
+            count("invalid")
             return own(
                 lambda: problem_from_error(
                     IdempotencyKeyMissing(f"This endpoint requires an {header} header.")
@@ -246,7 +263,7 @@ class IdempotencyMiddleware:
         try:
             key = IdemKey.parse(raw_key)
         except InvalidKey as exc:
-            metrics.count("invalid")
+            count("invalid")
             invalid = IdempotencyKeyInvalid(str(exc))
             return own(lambda: problem_from_error(invalid))
 
@@ -263,7 +280,7 @@ class IdempotencyMiddleware:
         }
 
         def run_view(acquisition):
-            metrics.count("takeover" if acquisition.takeover else "miss")
+            count("takeover" if acquisition.takeover else "miss")
             request.idempotency = IdempotencyContext(scope, key, acquisition.lease, acquisition.takeover)
             user = getattr(request, "_idempotency_user", None) or getattr(request, "user", None)
             owner = user if user is not None and user.is_authenticated else None
@@ -294,9 +311,10 @@ class IdempotencyMiddleware:
                 on_error=error_verdict,
             )
         except LeaseLost as exc:
-            metrics.count("lease_lost")
+            count("lease_lost")
             return problem_from_error(exc)
         if not ran.stored:
             metrics.count("not_stored")
+            annotate(stored=False)
             ran.result[STORED_HEADER] = "false"
         return ran.result

@@ -36,6 +36,9 @@ EVENTBUS = {
         "tests.eventbus.jobtypes.FlakyJob",
         "tests.eventbus.jobtypes.PatientFlakyJob",
         "tests.eventbus.jobtypes.DurableJob",
+        "tests.eventbus.jobtypes.AtomicLedgerJob",
+        "tests.eventbus.jobtypes.FanOutJob",
+        "tests.eventbus.jobtypes.RetriedReviewJob",
     ),
 }
 # A keyed request killed with its web process keeps its key until its lease expires: the chaos

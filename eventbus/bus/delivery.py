@@ -16,9 +16,12 @@ from eventbus.conf import eventbus_settings
 from eventbus.jobtypes import UnknownJobType, shard_count
 from eventbus.jobtypes import domains as all_domains
 from eventbus.redis.clients import publish_command
+from exactly_once import tracing
+from exactly_once.tracing import TRACING
 
 # route.lua's replies.
 DUPLICATE, APPLIED, DEFERRED = 0, 1, 2
+ROUTE_OUTCOMES = {DUPLICATE: "duplicate", APPLIED: "applied", DEFERRED: "deferred"}
 
 
 class Stream:
@@ -110,13 +113,18 @@ class Settlement:
     """The script calls that settle a batch of deliveries on first sight, and each delivery's
     result once they ran: dead_letter.lua for each malformed entry, route.lua for the
     well-formed ones, a call per run of up to ROUTE_CALL_SIZE entries of one stream, in the
-    batch's order (a job's entries are all in its shard's stream: its seq order is kept)."""
+    batch's order (a job's entries are all in its shard's stream: its seq order is kept).
 
-    __slots__ = ("calls", "_settles")
+    With tracing on, an entry that carries its publish's trace context (`tp`) is routed in an
+    "eventbus.route" span, the publish span's child, ended once its result is known; the
+    channel's copy of the event carries the route span's context on to the gateway (route.lua)."""
+
+    __slots__ = ("calls", "_settles", "_spans")
 
     def __init__(self, batch: Sequence[Delivery], group: str):
         self.calls: list[ScriptCall] = []
         self._settles: list[list[int]] = []  # per call, the indexes in the batch it settles
+        self._spans: dict = {}  # index in the batch -> its route span (tracing on)
         runs: dict[Stream, list[int]] = {}
         for i, delivery in enumerate(batch):
             if delivery.malformed:
@@ -147,11 +155,45 @@ class Settlement:
                         job.channel,
                     )
                     args += (event.seq, event.prev_seq, event.event, event.stream_id)
+                if TRACING:
+                    args = self._traced(batch, run, args, len(common))
                 self._add(ROUTE.call(keys, args), run)
 
     def _add(self, call: ScriptCall, indexes: list[int]) -> None:
         self.calls.append(call)
         self._settles.append(indexes)
+
+    def _traced(self, batch: Sequence[Delivery], run: list[int], args: list, common_args: int) -> list:
+        """The route call's arguments (`common_args` of them before the entries') with a
+        traceparent for each entry (route.lua: a fifth per entry) when one of them carries its
+        publish's; a route span started for each that does."""
+        spans = {}
+        for i in run:
+            event = batch[i].routed
+            if event.tp:
+                spans[i] = tracing.start(
+                    "eventbus.route",
+                    tracing.extract(event.tp),
+                    job_id=event.job_id,
+                    domain=event.keys.domain,
+                    seq=event.seq,
+                    stream_id=event.stream_id,
+                )
+        if not spans:
+            return args
+        self._spans.update(spans)
+        traced, per_entry = args[:common_args], args[common_args:]
+        for n, i in enumerate(run):
+            traced += per_entry[4 * n : 4 * n + 4]
+            traced.append(tracing.inject(spans[i]) if i in spans else "")
+        return traced
+
+    def failed(self, error: BaseException) -> None:
+        """The calls could not run (Redis away): the route spans end failed."""
+        for current in self._spans.values():
+            tracing.failed(current, error)
+            current.end()
+        self._spans.clear()
 
     def results(self, replies: Sequence) -> list:
         """Each delivery's result, in the batch's order, from the calls' replies: route.lua's
@@ -165,7 +207,19 @@ class Settlement:
             else:
                 for i in indexes:
                     results[i] = reply
+        if self._spans:
+            self._end_spans(results)
         return results
+
+    def _end_spans(self, results: list) -> None:
+        for i, current in self._spans.items():
+            result = results[i]
+            if isinstance(result, BaseException):
+                tracing.failed(current, result)
+            else:
+                current.set_attribute("outcome", ROUTE_OUTCOMES.get(result, str(result)))
+            current.end()
+        self._spans.clear()
 
 
 def count_route_results(labels: tuple[str, str], result, n: int = 1, *, retry: bool = False) -> None:

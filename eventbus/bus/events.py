@@ -1,14 +1,17 @@
 """Stream entries and the events they carry: the one place that knows their fields and JSON.
 
 A stream entry (written by publish.lua) has the fields job_id, domain, stage, seq, prev_seq and
-data (JSON text). The event JSON stored as state and history and sent on the job channel is
+data (JSON text), and `tp` when its publish was traced (exactly_once.tracing: the publish span's
+W3C traceparent). The event JSON stored as state and history and sent on the job channel is
 
     {"type":"event","seq":12,"job_id":"...","domain":"scan","stage":"vision","data":{...},
      "prev_seq":11,"stream_id":"1700000000000-0"}
 
 `seq` comes first: route.lua reads the stored state's seq with a pattern, not a JSON decoder.
 The object is the gateway's WebSocket frame as it is; prev_seq (the job's event before it, 0
-for the first) lets a consumer of the channel see a gap.
+for the first) lets a consumer of the channel see a gap. A router that traces adds a last member
+`"tp":"<traceparent>"` (its route span's) to the channel's copy of an entry that had one, never
+to the state or the history: the gateway strips it before it sends the frame (gateway.hub).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from json.encoder import encode_basestring_ascii as _quote
 from django.core.serializers.json import DjangoJSONEncoder
 
 from eventbus.bus.keys import JobKeys
+from exactly_once.tracing import TRACING
 
 FIELDS = (b"job_id", b"domain", b"stage", b"seq", b"prev_seq", b"data")
 # Fields a dead letter adds to the original ones (stripped again by the redrive).
@@ -92,6 +96,7 @@ class RoutedEvent:
     seq: int
     prev_seq: int
     event: str  # the event JSON
+    tp: str = ""  # the publish span's traceparent (tracing), "" when the entry has none
 
     @property
     def job_id(self) -> str:
@@ -135,7 +140,10 @@ def parse_entry(domain: str, shard: int, stream_id: str, fields: dict[bytes, byt
     except RecursionError:
         raise MalformedEntry("data is not JSON: nested too deep") from None
     head = event_head(domain=domain, job_id=job_id, stage=stage, seq=seq, data_json=data)
-    return RoutedEvent(keys, stream_id, seq, prev_seq, event_json(head, prev_seq, stream_id))
+    routed = RoutedEvent(keys, stream_id, seq, prev_seq, event_json(head, prev_seq, stream_id))
+    if TRACING and b"tp" in fields:
+        routed.tp = fields[b"tp"].decode(errors="replace")
+    return routed
 
 
 def original_fields(dead_letter: dict[bytes, bytes]) -> dict[bytes, bytes]:

@@ -15,6 +15,9 @@ connection), so a failover cannot lose an event a job went past.
 A key of the job found holding the wrong type raises CorruptKey (naming the key), with nothing
 of that event written; in a batch, the job's later events are held back too (never published
 past the gap), so the whole batch can be published again once the key is repaired.
+
+With tracing on (exactly_once.tracing) a publish is an "eventbus.publish" span, whose trace
+context the stream entries carry (a `tp` field) to the router; off, it costs one boolean.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from eventbus.bus.scripts import PUBLISH, CorruptKey, ScriptCall, run_pipelined 
 from eventbus.conf import eventbus_settings
 from eventbus.jobtypes import UnknownJobType
 from eventbus.redis.clients import get_redis, wait_replicas
+from exactly_once.tracing import TRACING, inject, span
 
 
 class Event(NamedTuple):
@@ -68,10 +72,11 @@ class OutOfOrderEvent(ValueError):
         )
 
 
-def _prepare(event: Event, previous: dict) -> tuple[ScriptCall, tuple[str, str]]:
+def _prepare(event: Event, previous: dict, traceparent: str = "") -> tuple[ScriptCall, tuple[str, str]]:
     """The script call of a valid event, and its metric labels; InvalidEvent otherwise.
 
-    `previous` maps each job of the batch to the seq of its last event so far (updated here)."""
+    `previous` maps each job of the batch to the seq of its last event so far (updated here).
+    `traceparent` (tracing on): the publish's span, which the stream entry carries (its `tp`)."""
     domain, job_id, stage, seq, data = event
     job_id = str(job_id)
     try:
@@ -94,20 +99,21 @@ def _prepare(event: Event, previous: dict) -> tuple[ScriptCall, tuple[str, str]]
     def build() -> tuple[tuple, tuple]:
         settings = eventbus_settings
         head = event_head(domain=domain, job_id=job_id, stage=stage, seq=seq, data_json=data_json)
+        args: tuple = (
+            seq,
+            settings.STREAM_MAXLEN,
+            settings.DEDUP_TTL,
+            settings.STATE_TTL,
+            job_id,
+            domain,
+            stage,
+            data_json,
+            head,
+            after,
+        )
         return (
             (keys.published(stage, seq), keys.last_published, keys.state, keys.stream),
-            (
-                seq,
-                settings.STREAM_MAXLEN,
-                settings.DEDUP_TTL,
-                settings.STATE_TTL,
-                job_id,
-                domain,
-                stage,
-                data_json,
-                head,
-                after,
-            ),
+            (*args, traceparent) if traceparent else args,
         )
 
     # Validated now, built as it is sent (ScriptCall).
@@ -123,8 +129,23 @@ def _out_of_order(error: Exception) -> int | None:
 
 def _publish(batch: list[Event]) -> list:
     """Run the batch (validated first, all of it); a bool per event, None where refused."""
+    if TRACING:
+        first = batch[0]
+        with span(
+            "eventbus.publish",
+            domain=str(first.domain),
+            job_id=str(first.job_id),
+            stage=str(first.stage),
+            seq=first.seq if type(first.seq) is int else -1,
+            events=len(batch),
+        ):
+            return _run(batch, inject())
+    return _run(batch, "")
+
+
+def _run(batch: list[Event], traceparent: str) -> list:
     previous: dict = {}
-    prepared = [_prepare(event, previous) for event in batch]
+    prepared = [_prepare(event, previous, traceparent) for event in batch]
     replies = run_pipelined(
         get_redis(),
         [call for call, _ in prepared],

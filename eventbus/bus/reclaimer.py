@@ -169,7 +169,12 @@ class Reclaimer(LoopWorker):
 
     async def settle(self, stream: Stream, batch: list[Delivery]) -> None:
         settlement = Settlement(batch, self.group)
-        results = settlement.results(await arun_pipelined(self.client, settlement.calls))
+        try:
+            replies = await arun_pipelined(self.client, settlement.calls)
+        except Exception as exc:
+            settlement.failed(exc)  # its route spans (tracing) end failed
+            raise
+        results = settlement.results(replies)
         stuck = []  # well-formed, not applied: deferred, or its script failed
         for delivery, result in zip(batch, results):
             if delivery.malformed:

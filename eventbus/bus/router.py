@@ -310,7 +310,12 @@ class Router(LoopWorker):
         first: tuple = ()
         if read_ahead and not self.cluster and not self.stop_requested:
             first = (self._read_ahead_command(read_ahead), self._take_ahead)
-        results = settlement.results(run_pipelined(self.client, settlement.calls, first=first))
+        try:
+            replies = run_pipelined(self.client, settlement.calls, first=first)
+        except Exception as exc:
+            settlement.failed(exc)  # its route spans (tracing) end failed
+            raise
+        results = settlement.results(replies)
         applied = set()
         counts: Counter = Counter()
         for delivery, result in zip(batch, results):

@@ -13,6 +13,7 @@ from eventbus import jobtypes
 from eventbus.job.limits import check_creation_cap, check_payload_size, check_running_cap
 from eventbus.jobtypes import InvalidPayload, JobType, UnknownJobType
 from eventbus.models import Job
+from exactly_once.tracing import inject
 from idempotency.keys import IdemKey
 from idempotency.scope import join_scope
 from idempotency.services import accept_once
@@ -72,6 +73,8 @@ def accept(
         queue=queue,
         priority=int(priority),
         parent=parent,
+        # The span that accepts it (start_job's eventbus.enqueue, a parent's stage): its run joins it.
+        trace_context=inject(),
     )
     if not accepted_before(scope, idem_key):
         check_payload_size(cleaned)

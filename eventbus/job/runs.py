@@ -38,6 +38,7 @@ from eventbus.job.waits import StageWaiting
 from eventbus.jobtypes import JobCancelled, JobFailed, JobType, UnknownJobType
 from eventbus.models import Job
 from eventbus.redis.clients import get_redis
+from exactly_once.tracing import TRACING, extract, failed, span
 
 logger = logging.getLogger(__name__)
 
@@ -133,6 +134,26 @@ def run(job_id: str, *, fail_on_transient: bool = True, send: Callable[[Job], ob
     if job is None:
         logger.warning("Job %s: no such job, nothing to run", job_id)
         return "missing"
+    if not TRACING:
+        return _run(job, fail_on_transient, send)
+    # In the trace of the span that accepted the job (its request's): another run holding the
+    # job, or a stage's retry that waits, is no failure of this one.
+    with span(
+        "eventbus.run",
+        extract(job.trace_context),
+        expected=(JobBusy, StageRetry),
+        job_id=str(job.pk),
+        domain=job.domain,
+    ) as traced:
+        outcome = _run(job, fail_on_transient, send)
+        traced.set_attribute("outcome", str(outcome))
+        if outcome in (State.FAILED, State.TIMED_OUT):
+            failed(traced, f"the job ended {outcome}")
+        return outcome
+
+
+def _run(job: Job, fail_on_transient: bool, send: Callable[[Job], object] | None) -> str:
+    job_id = str(job.pk)
     if job.ended:
         logger.info("Job %s is %s already; not run again", job_id, job.state)
         return "skipped"

@@ -33,6 +33,7 @@ from eventbus.job.waits import StageWaiting
 from eventbus.jobtypes import FINAL_STAGE, JobCancelled, JobFailed, JobType, PlannedStage, StageTimeout
 from eventbus.models import Job, StageRecord
 from exactly_once.jsontext import json_unstorable, nested_deeper_than
+from exactly_once.tracing import failed, span
 from idempotency.transactions import write_transaction
 
 logger = logging.getLogger(__name__)
@@ -127,13 +128,16 @@ class StageContext:
         every process and of Redis. A cancel ends the wait at once (the job ends CANCELLED)."""
         durable_waits.sleep(self, duration)
 
-    def wait_for(self, name: str, *, timeout: float | timedelta | None = None):
+    def wait_for(self, name: str, *more: str, timeout: float | timedelta | None = None):
         """The payload of the signal `name` sent to the job (eventbus.signal_job, the jobs API,
         the admin), waiting for it without holding a worker (the job is WAITING; the signal wakes
         it). A signal sent before the stage waits is kept for it. Past `timeout` (seconds or a
         timedelta; None: no limit) raises StageTimeout, which the stage's retries apply to.
-        `name` must be one of the stage's `Stage(signals=...)`."""
-        return durable_waits.wait_for(self, name, timeout)
+        `name` must be one of the stage's `Stage(signals=...)`.
+
+        With more names (`ctx.wait_for("approve", "reject")`), whichever of them comes first:
+        returns `(name, payload)` of that one (the same on every later attempt)."""
+        return durable_waits.wait_for(self, (name, *more), timeout)
 
     def start_child(self, job_type, payload: dict) -> Job:
         """Start a child job of this one (its `parent`), once per (job, stage, index of this
@@ -249,64 +253,83 @@ def run_stages(
         )
         outcome = None  # the attempt's, for the metrics (none: the run was taken over)
         following = plan[index + 1].name if index + 1 < len(plan) else None
-        try:
-            if planned.stage.atomic:
-                # Its ORM writes and the write that records it finished commit together, once.
-                with write_transaction():
+        # A wait, a stopped run, a cancel and a retry (its failure is recorded below) are no
+        # failure of the attempt's span.
+        with span(
+            "eventbus.stage",
+            expected=(StageWaiting, RunStopped, JobCancelled, StageRetry),
+            job_id=job_id,
+            domain=domain,
+            stage=planned.name,
+            attempt=attempt,
+        ) as traced:
+            try:
+                if planned.stage.atomic:
+                    # Its ORM writes and the write that records it finished commit together, once.
+                    with write_transaction():
+                        result = run_stage(job_type, ctx)
+                        started, cancelled = _finish(
+                            records,
+                            job,
+                            planned.name,
+                            result,
+                            ctx.events,
+                            then_start=following,
+                            waits=ctx.waits,
+                        )
+                    _warn_if_long(job_id, planned.name, ctx.started)
+                else:
                     result = run_stage(job_type, ctx)
                     started, cancelled = _finish(
                         records, job, planned.name, result, ctx.events, then_start=following, waits=ctx.waits
                     )
-                _warn_if_long(job_id, planned.name, ctx.started)
-            else:
-                result = run_stage(job_type, ctx)
-                started, cancelled = _finish(
-                    records, job, planned.name, result, ctx.events, then_start=following, waits=ctx.waits
-                )
-            outcome = "completed"
-        except StageWaiting as waiting:
-            outcome = "waiting"
-            stagerecords.record_wait(job, planned.name, waits=ctx.waits, waiting_for=waiting.waiting_for)
-            records[planned.name].waiting_for = waiting.waiting_for
-            raise
-        except RunStopped as exc:
-            outcome = "timed_out" if isinstance(exc, DeadlinePassed) else None
-            raise  # no fault of the stage's
-        except JobCancelled as exc:
-            outcome = "cancelled"
-            _record_failure(job, planned.name, exc)  # where the cancel stopped the job
-            raise
-        except Exception as exc:
-            outcome = "failed"
-            if is_cancelled is not None and _cancelled_anyway(is_cancelled):
+                outcome = "completed"
+            except StageWaiting as waiting:
+                outcome = "waiting"
+                stagerecords.record_wait(job, planned.name, waits=ctx.waits, waiting_for=waiting.waiting_for)
+                records[planned.name].waiting_for = waiting.waiting_for
+                raise
+            except RunStopped as exc:
+                outcome = "timed_out" if isinstance(exc, DeadlinePassed) else None
+                raise  # no fault of the stage's
+            except JobCancelled as exc:
                 outcome = "cancelled"
-                # Stopping, it failed: not retried, and recorded as the cancel that stopped it
-                # (the stage reads CANCELLED), the failure kept as its cause in the traceback.
-                stopped = JobCancelled(f"Job {job_id} was cancelled; stage {planned.name!r} stopped")
-                stopped.__cause__ = exc
-                _record_failure(job, planned.name, stopped)
-                raise stopped from exc
-            if planned.stage.retryable(exc, attempt):
-                outcome = "retried"
-                delay = planned.stage.retry_delay(attempt)
-                _record_failure(job, planned.name, exc, retry_in=delay)
-                logger.warning(
-                    "Job %s: stage %s attempt %d failed (%s: %s); retried in %.2fs",
-                    job_id,
-                    planned.name,
-                    attempt,
-                    type(exc).__name__,
-                    exc,
-                    delay,
-                )
-                raise StageRetry(job_id, planned.name, delay) from exc
-            if isinstance(exc, StageTimeout):
-                outcome = "timed_out"
-            _record_failure(job, planned.name, exc)
-            raise
-        finally:
-            if outcome is not None:
-                metrics.stage_attempt(domain, planned.name, outcome, time.monotonic() - ctx.started)
+                _record_failure(job, planned.name, exc)  # where the cancel stopped the job
+                raise
+            except Exception as exc:
+                outcome = "failed"
+                if is_cancelled is not None and _cancelled_anyway(is_cancelled):
+                    outcome = "cancelled"
+                    # Stopping, it failed: not retried, and recorded as the cancel that stopped it
+                    # (the stage reads CANCELLED), the failure kept as its cause in the traceback.
+                    stopped = JobCancelled(f"Job {job_id} was cancelled; stage {planned.name!r} stopped")
+                    stopped.__cause__ = exc
+                    _record_failure(job, planned.name, stopped)
+                    raise stopped from exc
+                if planned.stage.retryable(exc, attempt):
+                    outcome = "retried"
+                    delay = planned.stage.retry_delay(attempt)
+                    _record_failure(job, planned.name, exc, retry_in=delay)
+                    failed(traced, exc)
+                    logger.warning(
+                        "Job %s: stage %s attempt %d failed (%s: %s); retried in %.2fs",
+                        job_id,
+                        planned.name,
+                        attempt,
+                        type(exc).__name__,
+                        exc,
+                        delay,
+                    )
+                    raise StageRetry(job_id, planned.name, delay) from exc
+                if isinstance(exc, StageTimeout):
+                    outcome = "timed_out"
+                _record_failure(job, planned.name, exc)
+                raise
+            finally:
+                if outcome is not None:
+                    metrics.stage_attempt(domain, planned.name, outcome, time.monotonic() - ctx.started)
+                    if traced is not None:
+                        traced.set_attribute("outcome", outcome)
         results[planned.name] = result
     return results
 

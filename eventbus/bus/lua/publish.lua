@@ -16,6 +16,8 @@
 --                         appended (as eventbus.bus.events.event_json does)
 -- ARGV[10] batch previous the seq of the job's event just before this one in the same batch
 --                         ("" or absent when none)
+-- ARGV[11] traceparent    the publish's W3C trace context (exactly_once.tracing), kept as the
+--                         entry's `tp` field for the router; absent when tracing is off
 --
 -- Returns 1 published, 0 duplicate. Error replies, each with nothing written:
 --   "OUTOFORDER <last seq>"  seq is not above the job's last published seq (an earlier event
@@ -50,9 +52,16 @@ end
 if seq <= last then
   return redis.error_reply('OUTOFORDER ' .. last)
 end
-local id = redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[2], '*',
-  'job_id', ARGV[5], 'domain', ARGV[6], 'stage', ARGV[7],
-  'seq', ARGV[1], 'prev_seq', tostring(last), 'data', ARGV[8])
+local id
+if ARGV[11] then
+  id = redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[2], '*',
+    'job_id', ARGV[5], 'domain', ARGV[6], 'stage', ARGV[7],
+    'seq', ARGV[1], 'prev_seq', tostring(last), 'data', ARGV[8], 'tp', ARGV[11])
+else
+  id = redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[2], '*',
+    'job_id', ARGV[5], 'domain', ARGV[6], 'stage', ARGV[7],
+    'seq', ARGV[1], 'prev_seq', tostring(last), 'data', ARGV[8])
+end
 redis.call('SET', KEYS[2], ARGV[1], 'EX', ARGV[3])
 redis.call('SET', KEYS[3], ARGV[9] .. ',"prev_seq":' .. last .. ',"stream_id":"' .. id .. '"}', 'EX', ARGV[4])
 redis.call('SET', KEYS[1], id, 'EX', ARGV[3])

@@ -21,7 +21,10 @@
 -- ARGV[6] history maxlen   entries kept (the newest)
 -- then 4 arguments per entry i, from ARGV[7 + 4i]: seq, prev_seq (the job's seq published just
 -- before this one, 0 for the first), event JSON (published, stored in the history and, if
--- newer, as the state), stream id.
+-- newer, as the state), stream id. A router that traces (exactly_once.tracing) gives every entry
+-- of the call a fifth, from ARGV[7 + 5i]: a W3C traceparent, or "" for none. The channel's copy
+-- of an entry with one ends with the member "tp" (the gateway strips it from the frame); its
+-- history and state never hold it. The arguments' count tells which: (#ARGV - 6) per entry.
 --
 -- Returns one reply per entry: 1 applied, 0 duplicate (both acked, by one XACK at the end), 2
 -- deferred: the predecessor is not applied yet, so nothing is written and the entry stays
@@ -41,6 +44,8 @@ if corrupt_stream then
 end
 local publish, dedup_ttl, state_ttl = ARGV[1], ARGV[3], ARGV[4]
 local history_ttl, maxlen = ARGV[5], tonumber(ARGV[6])
+local entries = (#KEYS - 1) / 5
+local per_entry = (#ARGV - 6) / entries
 
 local function failed(reply)
   return type(reply) == 'table' and reply['err'] ~= nil
@@ -89,17 +94,23 @@ local function route(k, a)
     redis.call('ZREMRANGEBYRANK', history_key, 0, -maxlen - 1)
   end
   redis.call('EXPIRE', history_key, history_ttl)
-  redis.call(publish, KEYS[k + 4], event)
+  local traceparent = per_entry == 5 and ARGV[a + 4] or ''
+  if traceparent ~= '' then
+    redis.call(publish, KEYS[k + 4], string.sub(event, 1, -2) .. ',"tp":"' .. traceparent .. '"}')
+  else
+    redis.call(publish, KEYS[k + 4], event)
+  end
   redis.call('SET', dedup_key, 1, 'EX', dedup_ttl)
   return 1, true
 end
 
 local replies, acks = {}, {}
-for i = 0, (#KEYS - 1) / 5 - 1 do
-  local reply, ack = route(2 + 5 * i, 7 + 4 * i)
+for i = 0, entries - 1 do
+  local a = 7 + per_entry * i
+  local reply, ack = route(2 + 5 * i, a)
   replies[i + 1] = reply
   if ack then
-    acks[#acks + 1] = ARGV[10 + 4 * i]
+    acks[#acks + 1] = ARGV[a + 3]
   end
 end
 if #acks > 0 then
