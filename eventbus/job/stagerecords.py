@@ -87,6 +87,12 @@ def record_wait(job, stage: str, *, waits: dict, waiting_for: str) -> None:
     )
 
 
+def forget_wait(job_id, stage: str, *, waits: dict) -> None:
+    """A wait of the stage is over without what it waited for (a signal's timeout): its durable
+    waits without it, so that another attempt waits afresh."""
+    StageRecord.objects.filter(job_id=job_id, stage=stage, finished_at__isnull=True).update(waits=waits)
+
+
 def cancel_retry_waits(job, *, cancelled: bool = False) -> None:
     """A retry that waited will not come (the job ended): no stage of the job is RETRYING, nor
     WAITING; a stage that waited when the job was cancelled reads CANCELLED."""

@@ -22,7 +22,7 @@ from typing import Any
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from eventbus.job import accepting
+from eventbus.job import accepting, stagerecords
 from eventbus.jobtypes import JobType, StageTimeout
 from eventbus.models import Job, JobSignal, StageRecord
 from idempotency.scope import join_scope
@@ -101,6 +101,9 @@ def wait_for(ctx: StageContext, names: tuple[str, ...], timeout: float | timedel
         ctx.waits[key] = None if timeout is None else (now + timedelta(seconds=_seconds(timeout))).isoformat()
     deadline = _due(ctx.waits[key])
     if deadline is not None and deadline <= now:
+        # The timed-out wait is forgotten: a retry of the stage (its Stage.retries) waits afresh.
+        del ctx.waits[key]
+        stagerecords.forget_wait(ctx.job_id, ctx.stage, waits=ctx.waits)
         raise StageTimeout(f"Stage {ctx.stage!r}: no signal {' or '.join(map(repr, names))} came in time")
     job_id = ctx.job_id
     raise StageWaiting(

@@ -202,3 +202,113 @@ class DurableJob(JobType):
             ctx.start_child("staged", {"log": ctx.payload["log"], "i": i})
         ended = ctx.wait_children()
         return {"children": [child["state"] for child in ended]}
+
+
+# Durable stages on real processes (tests/eventbus/test_atomic_stages.py, test_durable_worker.py).
+LEDGER_ROWS = 3
+
+
+def pause(ctx, point: str) -> None:
+    """At the payload's pause point (`pause_at`), the first time it is reached only: write the
+    payload's `marker` file and sleep, so that the test kills the worker's process here. A run
+    after the kill finds the marker and goes on."""
+    if ctx.payload.get("pause_at") != point:
+        return
+    try:
+        with open(ctx.payload["marker"], "x") as marker:
+            marker.write(f"{point}: {ctx.stage} attempt {ctx.attempt}\n")
+    except FileExistsError:
+        return
+    time.sleep(ctx.payload.get("pause_seconds", 120))
+
+
+def wait_for_file(path: str, seconds: float = 120) -> None:
+    """Until the test creates `path` (a gate in a stage's code)."""
+    deadline = time.monotonic() + seconds
+    while not Path(path).exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} never came")
+        time.sleep(0.05)
+
+
+class AtomicLedgerJob(JobType):
+    """An atomic stage that writes LEDGER_ROWS ledger lines, each reported, between two plain
+    stages; the tests kill its worker at the payload's `pause_at`: "before_code" (the end of the
+    stage before), "mid_code" (after the first line), "after_writes" (after all of them, before
+    the commit) or "after_commit" (the stage after). `fail_after_writes`: the first attempt
+    raises after its writes, and the retry waits for the payload's `release` file before its
+    own (so that the test counts the rows in between)."""
+
+    name = "atomic_ledger"
+    stages = (
+        Stage("prepare", "Preparing"),
+        Stage("pay", "Paying", atomic=True, retries=1, backoff=0.1),
+        Stage("finish", "Finishing"),
+    )
+
+    def prepare(self, ctx):
+        log(ctx.payload["log"], f"prepare attempt {ctx.attempt}")
+        pause(ctx, "before_code")
+        return {"rows": LEDGER_ROWS}
+
+    def pay(self, ctx):
+        from config.models import LedgerEntry
+
+        log(ctx.payload["log"], f"pay attempt {ctx.attempt}")
+        failing = ctx.payload.get("fail_after_writes", False)
+        if failing and ctx.attempt > 1:
+            wait_for_file(ctx.payload["release"])
+        rows = ctx.results["prepare"]["rows"]
+        entries = []
+        for line in range(rows):
+            entries.append(LedgerEntry.objects.create(job_id=ctx.job_id, stage="pay", amount=line + 1).pk)
+            ctx.report(done=line + 1, of=rows)
+            if line == 0:
+                pause(ctx, "mid_code")
+        pause(ctx, "after_writes")
+        if failing and ctx.attempt == 1:
+            raise RuntimeError("failed after its writes")
+        return {"entries": entries, "attempt": ctx.attempt}
+
+    def finish(self, ctx):
+        log(ctx.payload["log"], f"finish attempt {ctx.attempt}")
+        pause(ctx, "after_commit")
+        return {"entries": ctx.results["pay"]["entries"]}
+
+    def outcome(self, results):
+        return {"entries": results["finish"]["entries"]}
+
+
+class FanOutJob(JobType):
+    """One stage that starts `children` child jobs of the type `child` (their payload
+    `child_payload` and their index `i`), then waits for them; `pause_at` "after_children": the
+    first run pauses between the starts and the wait."""
+
+    name = "fan_out"
+    stages = (Stage("fan_out", "Running the children"),)
+
+    def fan_out(self, ctx):
+        count = ctx.payload.get("children", 0)
+        for i in range(count):
+            ctx.start_child(
+                ctx.payload.get("child", "staged"), {**ctx.payload.get("child_payload", {}), "i": i}
+            )
+        log(ctx.payload["log"], f"started {count}")
+        pause(ctx, "after_children")
+        return {"children": [{"state": c["state"], "results": c["results"]} for c in ctx.wait_children()]}
+
+    def outcome(self, results):
+        return {"children": [child["state"] for child in results["fan_out"]["children"]]}
+
+
+class RetriedReviewJob(JobType):
+    """A signal's wait with a timeout, in a stage retried once (a StageTimeout always is)."""
+
+    name = "review_retried"
+    stages = (Stage("review", "Waiting for approval", signals=("approve",), retries=1, backoff=0.1),)
+
+    def review(self, ctx):
+        log(ctx.payload["log"], f"review attempt {ctx.attempt}")
+        decision = ctx.wait_for("approve", timeout=ctx.payload["timeout"])
+        log(ctx.payload["log"], f"approved {decision.get('by')}")
+        return {"approved": decision.get("by")}

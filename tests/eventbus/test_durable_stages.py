@@ -37,7 +37,9 @@ def test_an_atomic_stage_writes_its_rows_once_and_none_when_it_fails(redis_clien
     assert LedgerEntry.objects.filter(job_id=job.id).count() == 1
     failing = durable(make_job, tmp_path, fail_pay_after_write=True)
     assert run(failing) == State.FAILED
-    assert LedgerEntry.objects.filter(job_id=failing.id).count() == 0, "the failed attempt's row was rolled back"
+    assert LedgerEntry.objects.filter(job_id=failing.id).count() == 0, (
+        "the failed attempt's row was rolled back"
+    )
     assert lines(tmp_path / "log").count("pay") == 2  # its code ran; its write did not stay
 
 
