@@ -45,15 +45,19 @@ def start(job: Job) -> bool:
     """PENDING or WAITING -> RUNNING (a re-run finds it RUNNING already); False when the job has
     ended meanwhile (cancelled before it started, or while it waited)."""
     now = timezone.now()
-    # One statement for both (a re-run of a RUNNING job pays one, as before waits existed).
-    if Job.objects.filter(pk=job.pk, state__in=Job.STARTABLE_STATES).update(
-        state=State.RUNNING, started_at=Coalesce("started_at", Value(now))
-    ):
-        if job.started_at is None:  # its first start (a resumed job started before)
-            _count(metrics.job_started, job.domain, job.accepted_at, now)
-        job.state, job.started_at = State.RUNNING, job.started_at or now
+    if Job.objects.filter(pk=job.pk, state=State.PENDING).update(state=State.RUNNING, started_at=now):
+        job.state, job.started_at = State.RUNNING, now
+        _count(metrics.job_started, job.domain, job.accepted_at, now)
         return True
-    return not ended_now(job)
+    # Not PENDING: a re-run (RUNNING), a resumption (WAITING), or it ended. Read once, as a
+    # re-run always did; a resumption writes once more.
+    refresh_state(job)
+    if job.state == State.WAITING and Job.objects.filter(pk=job.pk, state=State.WAITING).update(
+        state=State.RUNNING
+    ):
+        job.state = State.RUNNING
+        return True
+    return not job.ended
 
 
 def wait(job: Job, *, until: datetime | None) -> bool:
