@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from eventbus.job.stages import RunStopped, _record_failure, failure_of
 from eventbus.jobtypes import InvalidPayload, JobCancelled, JobType, Stage
 
 from . import compat, results
@@ -60,8 +61,50 @@ class TaskJob(JobType):
                 failed = results.failed(task_result, exc)
                 compat.task_finished.send(type(task.get_backend()), task_result=failed)
             raise
+        except (SystemExit, KeyboardInterrupt) as exc:
+            if worker_stopping(exc):
+                raise  # the attempt is lost with its process: the task runs again
+            failed = results.failed(task_result, exc)
+            compat.task_finished.send(type(task.get_backend()), task_result=failed)
+            _record_failure(ctx._job, ctx.stage, exc)
+            raise TaskExited(ctx.job_id, exc) from exc
         compat.task_finished.send(type(task.get_backend()), task_result=results.succeeded(task_result, value))
         return value
+
+
+class TaskExited(RunStopped):
+    """The task's own SystemExit or KeyboardInterrupt (`sys.exit()` in its body), made its
+    failure as Django's backends make it: FAILED, its error that exception. Left as it is, it
+    would end the Celery pool process instead (billiard reports it, then exits), the task's job
+    RUNNING until its recovery ran it again, to exit again.
+
+    TaskJob.run records the failure, with the exception's own class and traceback; raised as a
+    RunStopped, this then ends the job FAILED without the run recording it again."""
+
+    def __init__(self, job_id: str, exc: BaseException):
+        super().__init__(f"Job {job_id}: the task raised {type(exc).__name__}")
+        self._eventbus_failure = failure_of(exc)  # the final event tells the task's exception
+
+
+def worker_stopping(exc: BaseException) -> bool:
+    """Whether a SystemExit is the worker's shutdown rather than the task's own: Celery's
+    WorkerShutdown or WorkerTerminate, or the SystemExit a prefork pool process raises on its
+    terminate signal (billiard notes that its handler fired). A KeyboardInterrupt is always the
+    task's: a pool process ignores SIGINT."""
+    from celery.exceptions import WorkerShutdown, WorkerTerminate
+
+    if isinstance(exc, WorkerShutdown | WorkerTerminate):
+        return True
+    if not isinstance(exc, SystemExit):
+        return False
+    try:
+        from billiard import common
+    except ImportError:  # pragma: no cover  # Celery's own dependency
+        return False
+    fired = getattr(common, "terminate_handler_fired", None)  # billiard 4.3
+    if fired is not None:
+        return bool(fired())
+    return bool(getattr(common, "_should_have_exited", [False])[0])
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
