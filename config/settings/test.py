@@ -39,6 +39,9 @@ EVENTBUS = {
         "tests.eventbus.jobtypes.AtomicLedgerJob",
         "tests.eventbus.jobtypes.FanOutJob",
         "tests.eventbus.jobtypes.RetriedReviewJob",
+        # The chaos harness's durable workload (tests/e2e/durable.py).
+        "tests.e2e.jobtypes.DurableChaosJob",
+        "tests.e2e.jobtypes.DurableChaosChild",
     ),
 }
 # A keyed request killed with its web process keeps its key until its lease expires: the chaos

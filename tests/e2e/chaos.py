@@ -3,7 +3,7 @@ private database and private Redis, faults at random, then the checker's report.
 
     python -m tests.e2e.chaos [--jobs 200] [--clients 20] [--duration 300] [--seed N]
                               [--cluster | --sentinel] [--stage-seconds 0.4] [--settle-timeout 180]
-                              [--task-share 0.25] [--short] [--<fault>s N ...]
+                              [--task-share 0.25] [--durable-share 0.2] [--short] [--<fault>s N ...]
 
 The database: a SQLite file in a temporary folder, or, when DATABASE_URL names a PostgreSQL
 server, a database `chaos_<pid>` created there (dropped at the end). Exit status 0 when every
@@ -80,6 +80,14 @@ def main(argv: list[str] | None = None) -> int:
         help="Of the --jobs keys, the share that are django.tasks tasks (POST /demo/tasks/, half of "
         "them delayed 1-5 s) in place of jobs (default 0.25).",
     )
+    parser.add_argument(
+        "--durable-share",
+        type=float,
+        default=None,
+        help="Of the --jobs keys, the share that are durable_chaos jobs (an atomic ledger stage, a "
+        "sleep, a signal sent through the jobs API, 2 children; tests/e2e/durable.py) in place of "
+        "scan and chat jobs (default 0.2).",
+    )
     parser.add_argument("--settle-timeout", type=float, default=180.0)
     parser.add_argument("--worker-kills", type=int, default=None)
     parser.add_argument("--pool-kills", type=int, default=None)
@@ -138,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
                 **values,
             )
         faults = ("worker_kills", "pool_kills", "daphne_kills", "redis_restarts", "network_stalls")
-        for name in (*faults, "failovers", "backend_kills", "task_share"):
+        for name in (*faults, "failovers", "backend_kills", "task_share", "durable_share"):
             if getattr(args, name) is not None:
                 setattr(config, name, getattr(args, name))
         result = run_chaos(config)

@@ -16,8 +16,11 @@ Workload: `clients` users, each with a DRF token (HTTP) and a session from /acco
 (WebSocket). Each key is a job POSTed to /api/jobs/ or, for a share of the keys (`task_share`),
 a django.tasks task POSTed to the demo's /demo/tasks/ (config.tasks.record_visit, run by
 eventbus.backends.ExactlyOnceBackend), some of them delayed 1-5 s (run_after: the sweeper sends
-them when due). Each key is POSTed 1-3 times, the copies either at the same moment or one after
-the other; a 409 (in flight) is retried until it resolves. Each job or task is watched by 1-3
+them when due), and for another share (`durable_share`) a job of durable stages, durable_chaos
+(tests/e2e/durable.py: an atomic stage's ledger lines, a sleep, a wait for the signal `approve`,
+which its client sends through POST /api/jobs/<id>/signals/approve/, and two children; the
+sweeper sends its due resumptions). Each key is POSTed 1-3 times, the copies either at the same
+moment or one after the other; a 409 (in flight) is retried until it resolves. Each job or task is watched by 1-3
 WebSocket clients that disconnect at random (clean close or a dropped TCP connection) and resume
 with ?last_seq= of the last event they got.
 
@@ -39,7 +42,9 @@ Checker (see `Checker`): one job row and one completion per key, identical respo
 retries, each (job, stage, seq) once in the streams, state = final event, history complete,
 nothing pending, no dead letter, each watcher saw the job's full seq list in order with no
 duplicate, gap or reset; for the tasks, the task's job keyed from the request's key, SUCCESSFUL
-with its return value, a delayed one started no earlier than its run_after; plus the counts of
+with its return value, a delayed one started no earlier than its run_after; for the durable
+jobs, their ledger lines exactly once, one signal delivered, exactly two children, each COMPLETED
+once with its events once in the streams, no job of the run left unfinished; plus the counts of
 what each layer dropped and what was killed.
 """
 
@@ -69,6 +74,8 @@ from eventbus.redis.sentinel import parse_sentinel_url
 from tests.processes import Manage, Process, Web, Worker, alive, child_pids, restart, wait_for
 from tests.sentinels import SentinelGroup
 
+from . import durable
+from .jobtypes import DURABLE, durable_seqs
 from .proxy import StallingProxy
 
 log = logging.getLogger("chaos")
@@ -77,6 +84,7 @@ TASKS_PATH = "/demo/tasks/"
 TASK_PATH = "config.tasks.record_visit"
 WEB_APP = "chaos-web"  # the application_name of the web servers' PostgreSQL sessions
 UUID_RE = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+THROTTLED_DETAILS_WAIT = 60.0  # the jobs throttle's window: a minute
 
 
 # Configuration ------------------------------------------------------------------------------
@@ -94,6 +102,11 @@ class ChaosConfig:
     max_watchers: int = 3  # each job is watched by 1..max_watchers WebSocket clients
     task_share: float = 0.25  # of the keys: a django.tasks task (POST /demo/tasks/), not a job
     delayed_task_share: float = 0.5  # of the tasks: started 1-5 s after the POST (run_after)
+    durable_share: float = 0.2  # of the keys: a durable_chaos job (tests/e2e/durable.py), not scan/chat
+    durable_crash_share: float = 0.5  # of those: the atomic stage's first process dies after its writes
+    early_signal_share: float = 0.25  # of those: the signal sent at once, before the job waits for it
+    signal_replay_share: float = 0.5  # of those: the signal sent again under its key (202, a replay)
+    signal_rival_share: float = 0.5  # of those: the signal sent under another key too (409)
     router_kill_every: tuple[float, float] = (3.0, 6.0)
     worker_kills: int = 2  # a whole worker SIGKILLed mid-job, then restarted
     pool_kills: int = 1  # a worker's pool processes SIGKILLed mid-job
@@ -437,6 +450,15 @@ def header(headers: list[tuple[str, str]], name: str) -> str | None:
     return None
 
 
+def problem_type(body: bytes) -> str | None:
+    """The `type` of an application/problem+json body (None: not a problem)."""
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return None
+    return value.get("type") if isinstance(value, dict) else None
+
+
 def cookies_of(headers: list[tuple[str, str]]) -> dict[str, str]:
     jar = SimpleCookie()
     for key, value in headers:
@@ -543,6 +565,7 @@ class Job:
     failures: list[str] = field(default_factory=list)  # copies that never got an answer
     job_id: str | None = None
     watches: list[Watch] = field(default_factory=list)
+    signalling: durable.Signalling | None = None  # a durable_chaos job's signal (tests/e2e/durable.py)
 
     @property
     def is_task(self) -> bool:
@@ -691,12 +714,25 @@ class Run:
         # A share of the keys are tasks in place of jobs (the run's size stays), half of them delayed.
         tasks = self.rng.sample(range(jobs), min(jobs, round(jobs * self.config.task_share)))
         delayed = set(self.rng.sample(tasks, round(len(tasks) * self.config.delayed_task_share)))
+        # As many of the other keys are durable_chaos jobs (the run's size stays).
+        others = sorted(set(range(jobs)) - set(tasks))
+        durables = set(self.rng.sample(others, min(len(others), round(jobs * self.config.durable_share))))
         for index in range(jobs):
             user = self.users[index % len(self.users)]
-            domain = TASK_JOB if index in tasks else self.rng.choice(("scan", "chat"))
+            domain = (
+                TASK_JOB
+                if index in tasks
+                else DURABLE
+                if index in durables
+                else self.rng.choice(("scan", "chat"))
+            )
             expected: list[int] | None = None
             payload: dict[str, object]
-            if domain == TASK_JOB:
+            signalling = None
+            if domain == DURABLE:
+                payload, signalling = durable.plan(self.rng, self.config, user.username)
+                expected = durable_seqs()
+            elif domain == TASK_JOB:
                 n = self.rng.randint(1, 5)  # visits: a stage's work each (STAGE_SECONDS), as a scan's
                 payload = {"n": n}
                 if index in delayed:
@@ -717,6 +753,7 @@ class Run:
                 copies,
                 concurrent=copies > 1 and self.rng.random() < 0.5,
                 expected=expected or expected_seqs(domain, payload),
+                signalling=signalling,
             )
             job.watches = [Watch(i) for i in range(self.rng.randint(1, self.config.max_watchers))]
             self.jobs.append(job)
@@ -725,10 +762,32 @@ class Run:
 
     async def post_copy(self, job: Job, delay: float) -> None:
         await asyncio.sleep(delay)
-        body = json.dumps(job.body).encode()
+        answer = await self.send_keyed(job.user, job.path, job.body, job.key, failures=job.failures)
+        if answer is None:
+            return
+        job.answers.append(answer)
+        if answer.status == 201 and job.job_id is None:
+            job.job_id = json.loads(answer.body)[job.id_field]
+
+    async def send_keyed(
+        self,
+        user: User,
+        path: str,
+        body: dict,
+        key: str,
+        *,
+        failures: list[str],
+        final_409: tuple[str, ...] = (),
+    ) -> Answer | None:
+        """POST `body` under the Idempotency-Key `key` until it gets an answer: sent again after
+        a transport error, a 503 of a lost database connection, a 429 and a 409 (in flight),
+        except a 409 problem of a type in `final_409` (an answer). The answer; None when none
+        came. What went wrong on the way (an answer without what its status promises, no
+        answer at all) is added to `failures`."""
+        data = json.dumps(body).encode()
         headers = {
-            "Authorization": f"Token {job.user.token}",
-            "Idempotency-Key": job.key,
+            "Authorization": f"Token {user.token}",
+            "Idempotency-Key": key,
             "Content-Type": "application/json",
         }
         conflicts = transport_errors = answers_lost = unavailable = 0
@@ -737,63 +796,75 @@ class Run:
         while time.monotonic() < deadline:
             try:
                 port = self.rng.choice(self.stack.ports)
-                status, response_headers, data = await asyncio.to_thread(
-                    http_request, port, "POST", job.path, body=body, headers=headers
+                status, response_headers, content = await asyncio.to_thread(
+                    http_request, port, "POST", path, body=data, headers=headers
                 )
             except (OSError, http.client.HTTPException) as exc:
                 transport_errors += 1
                 answers_lost += not isinstance(exc, ConnectionRefusedError)
-                self.say(f"POST {job.key}: {type(exc).__name__}: {exc}; sent again")
+                self.say(f"POST {path} {key}: {type(exc).__name__}: {exc}; sent again")
                 await asyncio.sleep(0.5)
                 continue
-            if status == 503 and (header(response_headers, "Content-Type") or "").startswith(
-                "application/problem+json"
-            ):
+            content_type = header(response_headers, "Content-Type") or ""
+            if status == 503 and content_type.startswith("application/problem+json"):
                 # The database connection was lost mid-request: the work committed with its
                 # answer (the retry replays it) or not at all. Its answer may be lost either way.
                 unavailable += 1
                 answers_lost += 1
                 if header(response_headers, "Retry-After") is None:
-                    job.failures.append(f"got a 503 without Retry-After: {response_headers}")
+                    failures.append(f"got a 503 without Retry-After: {response_headers}")
                 await asyncio.sleep(0.2 + self.rng.random() * 0.3)
                 continue
             if status == 429:
                 # Over the user's running-job cap (a long run's many jobs per client) or throttled:
                 # nothing was stored under the key, so it is sent again, as a client would.
-                if header(response_headers, "Retry-After") is None or "problem+json" not in (
-                    header(response_headers, "Content-Type") or ""
-                ):
-                    job.failures.append(f"got a 429 without Retry-After or not a problem: {response_headers}")
+                if header(response_headers, "Retry-After") is None or "problem+json" not in content_type:
+                    failures.append(f"got a 429 without Retry-After or not a problem: {response_headers}")
                 await asyncio.sleep(0.5 + self.rng.random() * 0.5)
                 continue
-            if status == 409:
+            if status == 409 and not (final_409 and problem_type(content) in final_409):
                 conflicts += 1
-                if header(response_headers, "Retry-After") is None or "problem+json" not in (
-                    header(response_headers, "Content-Type") or ""
-                ):
-                    job.failures.append(f"got a 409 without Retry-After or not a problem: {response_headers}")
+                if header(response_headers, "Retry-After") is None or "problem+json" not in content_type:
+                    failures.append(f"got a 409 without Retry-After or not a problem: {response_headers}")
                 await asyncio.sleep(0.1 + self.rng.random() * 0.3)
                 continue
-            job.answers.append(
-                Answer(
-                    status,
-                    data,
-                    header(response_headers, "Idempotent-Replayed") == "true",
-                    conflicts,
-                    transport_errors,
-                    sent_at,
-                    time.monotonic(),
-                    answers_lost,
-                    unavailable,
-                )
+            return Answer(
+                status,
+                content,
+                header(response_headers, "Idempotent-Replayed") == "true",
+                conflicts,
+                transport_errors,
+                sent_at,
+                time.monotonic(),
+                answers_lost,
+                unavailable,
             )
-            if status == 201 and job.job_id is None:
-                job.job_id = json.loads(data)[job.id_field]
-            return
-        job.failures.append(
+        failures.append(
             f"no answer but 409/503/transport errors for 60 s ({conflicts} x 409, {unavailable} x 503, "
             f"{transport_errors} transport errors)"
         )
+        return None
+
+    async def get_json(self, user: User, path: str) -> tuple[int, dict | None]:
+        """GET `path` as `user` once: (status, its JSON body on a 200); (0, None) when the
+        request got no answer (a web server down)."""
+        try:
+            status, _, content = await asyncio.to_thread(
+                http_request,
+                self.rng.choice(self.stack.ports),
+                "GET",
+                path,
+                headers={"Authorization": f"Token {user.token}"},
+                timeout=10,
+            )
+        except (OSError, http.client.HTTPException):
+            return 0, None
+        if status != 200:
+            return status, None
+        try:
+            return status, json.loads(content)
+        except ValueError:
+            return 0, None
 
     async def run_job(self, job: Job) -> None:
         if job.concurrent:
@@ -808,6 +879,8 @@ class Run:
             # the job ended (a backfill only).
             delay = self.rng.uniform(0, 0.3) if self.rng.random() < 0.6 else self.rng.uniform(0.3, 4)
             self.watchers.append(asyncio.create_task(self.watch(job, watch, delay)))
+        if job.signalling is not None:
+            await durable.signal(self, job)  # the faults go on until every signal is sent
 
     async def client(self, jobs: list[Job]) -> None:
         # This client's jobs at random moments of the run's duration.
@@ -1247,22 +1320,30 @@ class Run:
             self.topology.stop()
 
     def job_details(self) -> dict[str, tuple[int, dict | None]]:
-        """GET /api/jobs/<id>/ of every job, as its owner: (status, body)."""
+        """GET /api/jobs/<id>/ of every job, as its owner: (status, body). A GET the user's jobs
+        throttle refuses (429: the user's polls and POSTs of the last minute) is sent again
+        after its Retry-After, for up to THROTTLED_DETAILS_WAIT seconds in all."""
         details = {}
+        deadline = time.monotonic() + THROTTLED_DETAILS_WAIT
         for job in self.jobs:
             if not job.job_id:
                 continue
-            try:
-                status, _, body = http_request(
-                    self.stack.port,
-                    "GET",
-                    f"/api/jobs/{job.job_id}/",
-                    headers={"Authorization": f"Token {job.user.token}"},
-                    timeout=10,
-                )
-                details[job.job_id] = (status, json.loads(body) if status == 200 else None)
-            except (OSError, ValueError) as exc:
-                details[job.job_id] = (0, {"error": repr(exc)})
+            while True:
+                try:
+                    status, headers, body = http_request(
+                        self.stack.port,
+                        "GET",
+                        f"/api/jobs/{job.job_id}/",
+                        headers={"Authorization": f"Token {job.user.token}"},
+                        timeout=10,
+                    )
+                    details[job.job_id] = (status, json.loads(body) if status == 200 else None)
+                except (OSError, ValueError) as exc:
+                    details[job.job_id] = (0, {"error": repr(exc)})
+                    break
+                if status != 429 or time.monotonic() > deadline:
+                    break
+                time.sleep(min(5.0, float(header(headers, "Retry-After") or 1)))
         return details
 
     def web_metrics(self) -> dict:
@@ -1353,6 +1434,8 @@ class Checker:
         jobs = [job for job in run.jobs]
         self.check_answers(jobs)
         self.check_job_rows(jobs)
+        # The durable jobs' children: (id, domain, expected seqs), executed and streamed as jobs are.
+        self.children = durable.check(self, jobs)
         self.check_executions(jobs)
         self.check_tasks(jobs)
         self.check_redis(jobs)
@@ -1413,7 +1496,14 @@ class Checker:
         from eventbus.models import Job as JobRow
         from idempotency.models import IdempotencyRecord
 
-        rows = list(JobRow.objects.filter(owner__username__startswith=self.run.prefix))
+        owned = JobRow.objects.filter(owner__username__startswith=self.run.prefix)
+        # Nothing stranded: every job of the run's users (the durable jobs' children too) ended.
+        stranded = list(owned.filter(state__in=JobRow.UNFINISHED_STATES).values_list("id", "domain", "state"))
+        if stranded:
+            self.fail(
+                f"{len(stranded)} jobs left unfinished: {[(str(i), d, s) for i, d, s in stranded[:10]]}"
+            )
+        rows = list(owned.filter(parent__isnull=True))  # a key's job: started by a client, not a stage
         by_key: dict[tuple[int | None, str], list] = {}
         for row in rows:
             by_key.setdefault((row.owner_id, row.idem_key), []).append(row)
@@ -1470,23 +1560,18 @@ class Checker:
         retried = _count(rf"Task eventbus\.run_job\[({UUID_RE})\] retry", text)
         lost = _count(rf"Job ({UUID_RE}): .*its new run finishes it", text)
         self.l1_duplicates = len(re.findall(r"duplicate dropped \(L1\)", text))
-        for job in jobs:
-            if not job.job_id:
-                continue
+        ids = [job.job_id for job in jobs if job.job_id]
+        for job_id in [*ids, *(child for child, _, _ in self.children)]:
             # Logged once, or not at all when its pool process was killed between the UPDATE's
             # commit and the log line: then a redelivery found it COMPLETED already (and
             # check_rows that the database and the API say COMPLETED).
-            logged = transitions.get(job.job_id, 0)
-            if logged > 1 or (logged == 0 and not skipped.get(job.job_id)):
+            logged = transitions.get(job_id, 0)
+            if logged > 1 or (logged == 0 and not skipped.get(job_id)):
+                self.fail(f"job {job_id}: moved to COMPLETED {logged} times (expected 1)")
+            if runs_completed.get(job_id, 0) > 1:
                 self.fail(
-                    f"job {job.job_id}: moved to COMPLETED {transitions.get(job.job_id, 0)} times (expected 1)"
+                    f"job {job_id}: {runs_completed[job_id]} runs went through its pipeline to the end (expected 1)"
                 )
-            if runs_completed.get(job.job_id, 0) > 1:
-                self.fail(
-                    f"job {job.job_id}: {runs_completed[job.job_id]} runs went through its pipeline to the "
-                    "end (expected 1)"
-                )
-        ids = [job.job_id for job in jobs if job.job_id]
         self.figures["executions"] = {
             "completed_transitions": sum(transitions.get(i, 0) for i in ids),
             "completed_unlogged_then_found_completed": sum(
@@ -1578,7 +1663,8 @@ class Checker:
             # A run resumed after its worker or pool was killed, or after its run was lost with
             # Redis (a restart, a failover) and the sweeper sent it again.
             "tasks_with_more_than_one_attempt": resumed,
-            "delayed_starts_sent_by_the_sweeper": sum(int(count) for count in sweeper_starts),
+            # Due runs the sweeper sent: the delayed tasks', and the durable jobs' resumptions.
+            "due_runs_sent_by_the_sweeper": sum(int(count) for count in sweeper_starts),
             "start_after_run_after_s": lag_range,
         }
 
@@ -1597,7 +1683,10 @@ class Checker:
                     entries.setdefault(fields.get("job_id"), []).append(
                         {**fields, "stream_id": stream_id, "stream": stream.key}
                     )
-            ours = {job.job_id for job in jobs if job.job_id}
+            # The keys' jobs, then the durable jobs' children: each with the seqs it must have published.
+            streamed = [(job.job_id, job.domain, job.expected) for job in jobs if job.job_id]
+            streamed += self.children
+            ours = {job_id for job_id, _, _ in streamed}
             strangers = set(entries) - ours
             if strangers:
                 self.fail(f"stream entries of unknown jobs: {sorted(strangers)[:5]}")
@@ -1607,46 +1696,45 @@ class Checker:
                 self.fail(f"{dead} dead letter(s) (expected 0)")
             if pending:
                 self.fail(f"{pending} stream entries still pending in the router group (expected 0)")
-            for job in jobs:
-                if not job.job_id:
-                    continue
-                keys = JobKeys(job.domain, job.job_id)
-                got = entries.get(job.job_id, [])
+            for job_id, domain, expected in streamed:
+                keys = JobKeys(domain, job_id)
+                final_seq = expected[-1]
+                got = entries.get(job_id, [])
                 triples = [(e["job_id"], e["stage"], int(e["seq"])) for e in got]
                 dups = {t for t in triples if triples.count(t) > 1}
                 if dups:
-                    self.fail(f"job {job.job_id}: the stream holds {sorted(dups)} more than once")
+                    self.fail(f"job {job_id}: the stream holds {sorted(dups)} more than once")
                 seqs = [int(e["seq"]) for e in got]
-                if seqs != job.expected:
-                    self.fail(f"job {job.job_id}: stream seqs {seqs}, expected {job.expected}")
+                if seqs != expected:
+                    self.fail(f"job {job_id}: stream seqs {seqs}, expected {expected}")
                 prevs = [int(e["prev_seq"]) for e in got]
-                if prevs != [0, *job.expected[:-1]] and seqs == job.expected:
-                    self.fail(f"job {job.job_id}: stream prev_seqs {prevs}")
+                if prevs != [0, *expected[:-1]] and seqs == expected:
+                    self.fail(f"job {job_id}: stream prev_seqs {prevs}")
                 state_raw = bus.get(keys.state)
                 state = json.loads(state_raw) if state_raw else None
-                final = next((e for e in got if int(e["seq"]) == job.final_seq), None)
+                final = next((e for e in got if int(e["seq"]) == final_seq), None)
                 if (
                     state is None
-                    or state.get("seq") != job.final_seq
+                    or state.get("seq") != final_seq
                     or state.get("data", {}).get("state") != "COMPLETED"
                 ):
-                    self.fail(f"job {job.job_id}: state {state_raw!r} is not its final COMPLETED event")
+                    self.fail(f"job {job_id}: state {state_raw!r} is not its final COMPLETED event")
                 elif final is None or state.get("stream_id") != final["stream_id"]:
                     self.fail(
-                        f"job {job.job_id}: state's stream id {state.get('stream_id')} is not the final "
+                        f"job {job_id}: state's stream id {state.get('stream_id')} is not the final "
                         f"entry's {final and final['stream_id']}"
                     )
                 history = [int(score) for _, score in bus.zrange(keys.history, 0, -1, withscores=True)]
-                if history != job.expected:
-                    self.fail(f"job {job.job_id}: history seqs {history}, expected {job.expected}")
+                if history != expected:
+                    self.fail(f"job {job_id}: history seqs {history}, expected {expected}")
                 applied = bus.get(keys.applied)
-                if applied != str(job.final_seq):
-                    self.fail(f"job {job.job_id}: applied seq {applied}, expected {job.final_seq}")
+                if applied != str(final_seq):
+                    self.fail(f"job {job_id}: applied seq {applied}, expected {final_seq}")
             self.figures["streams"] = {
                 "entries": total,
                 "dead_letters": dead,
                 "pending": pending,
-                "expected_events": sum(len(j.expected) for j in jobs),
+                "expected_events": sum(len(expected) for _, _, expected in streamed),
             }
         finally:
             bus.close()
