@@ -161,7 +161,8 @@ class Stage:
         Run the stage's code in one database transaction with the write that records it
         finished: its ORM writes commit exactly once (none after a crash before the commit; the
         stage never runs again after it). Hold no long outside call in it: the transaction
-        stays open while the stage runs. False by default.
+        stays open while the stage runs. Its progress events are published once it commits.
+        False by default.
     signals : tuple of str
         The signals the stage may wait for (ctx.wait_for): the jobs API, the admin and the page
         offer these, and signal_job refuses others.

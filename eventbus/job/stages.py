@@ -266,6 +266,10 @@ def run_stages(
             try:
                 if planned.stage.atomic:
                     # Its ORM writes and the write that records it finished commit together, once.
+                    # Its events are published once that commits: none from an attempt rolled
+                    # back, and no Redis round trip while the transaction (on SQLite, the
+                    # database's one write lock) is held.
+                    ctx._emit = lambda stage, seq, data: None
                     with write_transaction():
                         result = run_stage(job_type, ctx)
                         started, cancelled = _finish(
@@ -278,6 +282,8 @@ def run_stages(
                             waits=ctx.waits,
                         )
                     _warn_if_long(job_id, planned.name, ctx.started)
+                    for stage, seq, data in ctx.events:
+                        emit(stage, seq, data)
                 else:
                     result = run_stage(job_type, ctx)
                     started, cancelled = _finish(
