@@ -37,16 +37,17 @@ repository's Python drives it: tests/smoke/browser.py; said plainly where it can
 error on CI), its events over the WebSocket each once and in seq order, the cancel stopping the
 hold stage before any payment, the failed job retried under its first key (and once: another
 key gets a 409 naming the retry), the worker killed mid-job and the job resumed once (its
-finished stages not run again, one payment, one mail); Django's tasks: the backport present on
-Django 5.2 only, the export enqueued by a keyed POST once (its job keyed `export-1:1`, owned by the
-user; the POST again replayed with the same task id), its card on the page, its progress events
-over the WebSocket each once and in order, its result SUCCESSFUL from another process, the
-delayed receipt READY and unsent until its run_after, keyed in code (the same id again), started
-by the sweeper once due and mailed once, and the schedule's ticks enqueued by run_jobs's
-scheduler, keyed by their tick, and run. Then its own checks, on daphne: a keyed
-POST without a key and with another body, a stage retried after the bank's 503, the admin's job
-page and dead letters, keyed POST /api/jobs/ from several users at once on the tutorial's SQLite
-(no 503), and, under both servers, that every script, style sheet and icon the page, its login
+finished stages not run again, one payment, the refund recorded once by its atomic stage, one
+mail), and each completed refund's order updated by its record stage's one attempt; Django's
+tasks: the backport present on Django 5.2 only, the export enqueued by a keyed POST once (its job
+keyed `export-1:1`, owned by the user; the POST again replayed with the same task id), its card
+on the page, its progress events over the WebSocket each once and in order, its result
+SUCCESSFUL from another process, the delayed receipt READY and unsent until its run_after, keyed
+in code (the same id again), started by the sweeper once due and mailed once, and the schedule's
+ticks enqueued by run_jobs's scheduler, keyed by their tick, and run. Then its own checks, on
+daphne: a keyed POST without a key and with another body, a stage retried after the bank's 503,
+the admin's job page and dead letters, keyed POST /api/jobs/ from several users at once on the
+tutorial's SQLite (no 503), and, under both servers, that every script, style sheet and icon the page, its login
 page and the admin's login page reference answers 200 with its content type; runserver's
 WebSocket replays a job's events; the test file of docs/howto/test-job-types.md, written into the
 project as that page says, passes (its tagged blocks are run as the tutorial's are); and the
@@ -98,7 +99,7 @@ TAKEN_PORT = 6379  # a Redis already running there (Debian's service) must not g
 BACKPORT = "backport"  # the `sh` block of Django 5.2's django-tasks backport
 USERS_AT_ONCE, POSTS_EACH = 4, 5  # keyed POST /api/jobs/ sent at once on the tutorial's SQLite
 # The tutorial's Refund (shop/jobs.py): (stage, seq) of each event, as the toolkit numbers them.
-REFUND_EVENTS = [("check", 10), ("hold", 20), ("pay", 30), ("notify", 40), ("done", 51)]
+REFUND_EVENTS = [("check", 10), ("hold", 20), ("pay", 30), ("record", 40), ("notify", 50), ("done", 61)]
 
 
 class SmokeFailure(Exception):
@@ -507,6 +508,45 @@ def bank_refunds(key: str) -> int:
     return BankRefund.objects.filter(idempotency_key=key).count()
 
 
+def check_recorded(job_id: str, what: str) -> None:
+    """The refund's atomic record stage finished in one attempt, and the order's update is that
+    attempt's: the order refunded at a time between the attempt's start and the write that
+    recorded its end (the two committed together)."""
+    from shop.models import Order
+
+    from eventbus.models import Job, StageRecord
+
+    order = Order.objects.get(pk=Job.objects.get(pk=job_id).payload["order"])
+    record = StageRecord.objects.filter(job_id=job_id, stage="record").first()
+    check(record is not None, f"the {what}'s record stage never started")
+    check(
+        record.finished_at is not None and record.attempts == 1,
+        f"the {what}'s record stage: finished {record.finished_at}, {record.attempts} attempts, not once",
+    )
+    check(
+        order.refunded
+        and order.refunded_at is not None
+        and record.started_at <= order.refunded_at <= record.finished_at,
+        f"the {what}'s order {order.pk}: refunded {order.refunded} at {order.refunded_at}, not within its "
+        f"record stage ({record.started_at} to {record.finished_at})",
+    )
+
+
+def check_not_recorded(job_id: str, what: str) -> None:
+    """The record stage never ran: the order is not refunded."""
+    from shop.models import Order
+
+    from eventbus.models import Job, StageRecord
+
+    order = Order.objects.get(pk=Job.objects.get(pk=job_id).payload["order"])
+    attempts = StageRecord.objects.filter(job_id=job_id, stage="record").values_list("attempts", flat=True)
+    check(not any(attempts), f"the {what}'s record stage ran ({list(attempts)} attempts)")
+    check(
+        not order.refunded and order.refunded_at is None,
+        f"the {what}'s order {order.pk} is refunded ({order.refunded_at})",
+    )
+
+
 class Tutorial:
     """The tutorial's blocks in order, with this test's checks between them."""
 
@@ -767,13 +807,15 @@ class Tutorial:
             what="the refund COMPLETED in GET /api/jobs/<id>/",
         )
         check(bank_refunds(f"{job_id}:pay") == 1, "the bank did not refund once under the pay stage's key")
+        check_recorded(job_id, "refund")
         wait_for(
             lambda: "Subject: Refunded" in self.stack.log("jobs"),
             until=self.until,
             what="the refund's email in run_jobs's output (the worker's console email backend)",
         )
         say(
-            f"refund: events {[seq for _, seq in got]} over the WebSocket, each once; COMPLETED, paid once, mailed"
+            f"refund: events {[seq for _, seq in got]} over the WebSocket, each once; COMPLETED, paid once, "
+            f"recorded once (atomic), mailed"
         )
 
     def before_cancel(self) -> None:
@@ -795,6 +837,7 @@ class Tutorial:
         pay = stage_of(self.base, token, job_id, "pay")
         check(pay["state"] == "PENDING" and not pay["attempts"], f"the cancelled refund's pay stage: {pay}")
         check(bank_refunds(f"{job_id}:pay") == 0, "the cancelled refund paid")
+        check_not_recorded(job_id, "cancelled refund")
         again = http("POST", f"{self.base}/api/jobs/{job_id}/cancel/", token=token)
         check(again[0] == 409, f"cancelling the ended job got {again[0]}, not 409: {again[2]}")
         say(
@@ -817,6 +860,7 @@ class Tutorial:
         )
         attempts = stage_of(self.base, token, job_id, "pay")["attempts"]
         check(attempts == 3, f"the pay stage ran {attempts} times with the bank down, not 3")
+        check_not_recorded(job_id, "failed refund")
 
     def after_retry(self, output: str) -> None:
         first = self.jobs["bank-down"]
@@ -842,6 +886,7 @@ class Tutorial:
             bank_refunds(f"{first}:pay") == 1, "the retried refund did not pay once under the first job's key"
         )
         check(bank_refunds(f"{new}:pay") == 0, "the retried refund paid under its own key")
+        check_recorded(new, "retried refund")
         check(
             job_state(self.base, token, first).get("state") == "FAILED", "the first job is no longer FAILED"
         )
@@ -893,6 +938,7 @@ class Tutorial:
         )
         check(re.search(r"^worker +\| started \(pid", log, re.M), "run_jobs did not start its worker again")
         check(bank_refunds(f"{job_id}:pay") == 1, "the resumed refund did not pay once")
+        check_recorded(job_id, "resumed refund")
         frames = self.watch(job_id)
         final = final_of(frames)
         check(final.get("state") == "COMPLETED", f"the resumed refund's final event: {final}")
@@ -902,7 +948,8 @@ class Tutorial:
         check(mails == 1, f"the resumed refund mailed {mails} times")
         say(
             f"crash: the worker killed mid-hold, started again by run_jobs, the job enqueued again by the "
-            f"sweep and COMPLETED {self.resumed_after:.0f} s after the kill; check ran once, pay once, one mail"
+            f"sweep and COMPLETED {self.resumed_after:.0f} s after the kill; check ran once, pay once, "
+            f"record once, one mail"
         )
 
     # Django's tasks
@@ -1236,6 +1283,7 @@ def check_stage_retry(base: str, token: str, root: Path, until: float) -> None:
     attempts = stage_of(base, token, job_id, "pay")["attempts"]
     check(attempts == 2, f"the jobs API says the pay stage ran {attempts} times, not 2")
     check(bank_refunds(f"{job_id}:pay") == 1, "the bank did not refund once under the pay stage's key")
+    check_recorded(job_id, "retried stage's refund")
     say("stage retry: the bank's 503 once, pay ran again after its backoff with the same key; COMPLETED")
 
 
