@@ -371,7 +371,9 @@ DEMO_SETTINGS_ONLY = textwrap.dedent(
     globals().update({{name: value for name, value in vars(demo).items() if name.isupper()}})
     """
 )
-# The `shop` app the pages' examples belong to: what they name of it beyond the block itself.
+# The `shop` app the pages' examples belong to: what they name of it beyond the block itself (its
+# models are docs/howto/durable-stages.md's, shown there: tests/docs/test_durable_stages_page.py
+# checks that they are the same).
 SHOP_APP = {
     "__init__.py": "",
     "models.py": textwrap.dedent(
@@ -381,6 +383,14 @@ SHOP_APP = {
 
         class Customer(models.Model):
             name = models.CharField(max_length=100)
+            email = models.EmailField(blank=True)
+            credit_cents = models.IntegerField(default=0)
+
+
+        class Credit(models.Model):
+            customer = models.ForeignKey(Customer, on_delete=models.CASCADE)
+            amount_cents = models.IntegerField()
+            job_id = models.UUIDField()  # the job whose stage wrote it
         """
     ),
     "tasks.py": textwrap.dedent(
