@@ -6,6 +6,7 @@ import time
 
 from celery import shared_task
 from celery.signals import worker_init
+from django.utils import timezone
 
 from eventbus.job import lifecycle, runs
 from eventbus.job.stages import StageRetry
@@ -61,6 +62,7 @@ def enqueue(job, *, again: bool = False) -> bool:
     duplicate message of one job is recognisable (and harmless: see eventbus.job.runs).
     """
     job_id = str(job.id)
+    sent_at = timezone.now()
     try:
         run_job.apply_async(
             (job_id,),
@@ -74,7 +76,7 @@ def enqueue(job, *, again: bool = False) -> bool:
             "Job %s not enqueued (broker unreachable?); the sweep will enqueue it", job_id, exc_info=True
         )
         return False
-    lifecycle.mark_enqueued(job, again=again)
+    lifecycle.mark_enqueued(job, again=again, sent_at=sent_at)
     return True
 
 

@@ -168,13 +168,17 @@ def past_deadline(job: Job) -> bool:
     return False
 
 
-def mark_enqueued(job: Job, *, again: bool = False) -> None:
+def mark_enqueued(job: Job, *, again: bool = False, sent_at: datetime | None = None) -> None:
     """Record that the job's task reached the broker (the sweep leaves it alone from now);
-    `again`: a new message for a lost run, which the recovery then waits on."""
+    `again`: a new message for a lost run, which the recovery then waits on. `sent_at`: when it
+    was sent; a run quick enough to have put the job WAITING since (a sleep due later) is not
+    marked, or the sweeper would never send its resumption."""
     now = timezone.now()
     unsent = {} if again else {"enqueued_at__isnull": True}
     try:
-        Job.objects.filter(pk=job.pk, **unsent).update(enqueued_at=now)
+        Job.objects.filter(pk=job.pk, **unsent).exclude(
+            state=State.WAITING, run_after__gt=sent_at or now
+        ).update(enqueued_at=now)
     except DatabaseError:
         logger.warning("Job %s enqueued, but enqueued_at not recorded; the sweep may send it again", job.id)
     job.enqueued_at = now

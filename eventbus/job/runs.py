@@ -33,7 +33,14 @@ from eventbus import jobtypes
 from eventbus.bus.keys import JobKeys
 from eventbus.conf import eventbus_settings
 from eventbus.job import cancellation, lifecycle, stagerecords
-from eventbus.job.stages import DeadlinePassed, RunStopped, StageRetry, failure_of, publish_final, run_stages
+from eventbus.job.stages import (
+    DeadlinePassed,
+    RunTakenOver,
+    StageRetry,
+    failure_of,
+    publish_final,
+    run_stages,
+)
 from eventbus.job.waits import StageWaiting
 from eventbus.jobtypes import JobCancelled, JobFailed, JobType, UnknownJobType
 from eventbus.models import Job
@@ -57,7 +64,7 @@ class JobBusy(Exception):
         self.retry_in = retry_in
 
 
-class RunLeaseLost(RunStopped):
+class RunLeaseLost(RunTakenOver):
     """The run's lease expired and another run took the job over."""
 
 
@@ -188,7 +195,7 @@ def _run(job: Job, fail_on_transient: bool, send: Callable[[Job], object] | None
     except JobFailed as failure:
         logger.warning("Job %s failed: %s", job_id, failure.reason)
         return _conclude(job, job_type, State.FAILED, **failure.data, error=failure_of(failure))
-    except RunLeaseLost as exc:
+    except RunTakenOver as exc:
         logger.warning("Job %s: %s; its new run finishes it", job_id, exc)
         return "lease_lost"
     except TRANSIENT_ERRORS as exc:

@@ -50,6 +50,11 @@ def save(records: list[StageRecord]) -> bool:
     return cancel_requested(job_id)
 
 
+def finished_as(job, stage: str, finished_at) -> bool:
+    """Whether the stage's record is finished with this finish (not another run's)."""
+    return StageRecord.objects.filter(job=job, stage=stage, finished_at=finished_at).exists()
+
+
 def cancel_requested(job_id) -> bool:
     """Whether the job's cancel was requested (the database's word: Redis may have lost the flag)."""
     return Job.objects.filter(pk=job_id, cancel_requested_at__isnull=False).exists()

@@ -61,6 +61,11 @@ class RunStopped(Exception):
     """Raised by the engine to stop a run, never the stage's failure (not retried, not recorded)."""
 
 
+class RunTakenOver(RunStopped):
+    """Another run took the job over (this one outlived its lease): this one stops, and what it
+    did in an atomic stage is rolled back, since the other run finished that stage."""
+
+
 class DeadlinePassed(RunStopped):
     """The job passed its deadline while a stage ran."""
 
@@ -281,6 +286,12 @@ def run_stages(
                             then_start=following,
                             waits=ctx.waits,
                         )
+                        if not stagerecords.finished_as(job, planned.name, records[planned.name].finished_at):
+                            # A run that took the job over finished the stage first (its
+                            # commit is what ours waited for): ours is rolled back, rows and all.
+                            raise RunTakenOver(
+                                f"Job {job_id}: stage {planned.name} was finished by another run"
+                            )
                     _warn_if_long(job_id, planned.name, ctx.started)
                     for stage, seq, data in ctx.events:
                         emit(stage, seq, data)

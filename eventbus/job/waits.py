@@ -128,6 +128,9 @@ def start_child(ctx: StageContext, job_type: str | type[JobType], payload: dict)
     """See StageContext.start_child."""
     parent = ctx._job
     assert parent is not None, "start_child() runs in a job's stage"
+    if ctx._planned.stage.atomic:
+        # The child's row would be rolled back with the stage's wait for it, for ever.
+        raise ValueError(f"Stage {ctx.stage!r} is atomic: start children in a stage that is not")
     index = ctx._next_wait("child").split(":", 1)[1]
     key = f"{ctx.root_id or ctx.job_id}:{ctx.stage}:{index}"
     job, _created = accepting.accept(

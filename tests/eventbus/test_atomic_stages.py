@@ -93,7 +93,7 @@ def durable_processes(tmp_path_factory, name: str, *, sweeper: bool):
     env = {"REDIS_URL": server.url, "CELERY_VISIBILITY_TIMEOUT": str(VISIBILITY_TIMEOUT)}
     processes = DurableProcesses(
         server,
-        Worker(name, **env),
+        Worker(name, **env),  # type: ignore[arg-type]
         Manage("sweep_jobs", **env) if sweeper else None,
     )
     previous_broker = celery_app.conf.broker_url

@@ -30,7 +30,7 @@ def celery_worker(
 ) -> Worker:
     """A prefork worker of concurrency 1 (not started); `celery_args` go after Worker's own
     (`-Q reports`)."""
-    worker = Worker(name, CELERY_VISIBILITY_TIMEOUT=str(visibility_timeout), **env)
+    worker = Worker(name, CELERY_VISIBILITY_TIMEOUT=str(visibility_timeout), **env)  # type: ignore[arg-type]
     worker.command = (*worker.command, *celery_args)
     return worker
 
@@ -50,7 +50,7 @@ def start_worker(broker):
     def start(name: str, *celery_args: str, **options) -> Worker:
         worker = celery_worker(name, *celery_args, **options)
         workers.append(worker)
-        return worker.start(timeout=60)
+        return worker.start(timeout=60)  # type: ignore[return-value]
 
     yield start
     for worker in workers:

@@ -11,6 +11,6 @@ TASKS = {
     **TASKS,
     "default": {
         **TASKS["default"],
-        "OPTIONS": {"SCHEDULES": json.loads(os.environ.get("TEST_TASK_SCHEDULES", "{}"))},
+        "OPTIONS": {"SCHEDULES": json.loads(os.environ.get("TEST_TASK_SCHEDULES", "{}"))},  # type: ignore[dict-item]
     },
 }

@@ -215,7 +215,7 @@ def start_worker(broker):
         process = Worker(name, CELERY_VISIBILITY_TIMEOUT=VISIBILITY_TIMEOUT)
         process.command = (*process.command, *celery_args)
         started.append(process)
-        return process.start(timeout=60)
+        return process.start(timeout=60)  # type: ignore[return-value]
 
     yield start
     for process in started:
@@ -512,7 +512,7 @@ def test_missing_task_path():
 
 def task_check_ids() -> list[str]:
     """The ids of the errors Django's check framework finds in TASKS (with our backend's own)."""
-    return [message.id for message in run_checks() if (message.id or "").startswith("eventbus.E02")]
+    return [str(message.id) for message in run_checks() if (message.id or "").startswith("eventbus.E02")]
 
 
 def test_check():

@@ -20,8 +20,8 @@ from tests.tasks import tasks
 SCOPE = "schedule:eventbus:default"
 
 
-def at(*fields) -> datetime:
-    return datetime(*fields, tzinfo=UTC)
+def at(*fields: int) -> datetime:
+    return datetime(*fields, tzinfo=UTC)  # type: ignore[misc,arg-type]
 
 
 def iso(*fields) -> str:
