@@ -71,8 +71,21 @@ def shards_command(*args) -> str:
     return out.getvalue()
 
 
-def test_balance_moves_the_shards_live_and_nothing_is_lost(own_cluster):
+# The domains whose default layout on a 3-master cluster is not balanced (the demo's first two
+# job types and the suite's first three): what the test moves. More domains may land balanced.
+UNBALANCED_JOB_TYPES = (
+    "config.jobs.ScanJob",
+    "config.jobs.ChatJob",
+    "tests.eventbus.jobtypes.StagedJob",
+    "tests.eventbus.jobtypes.FlakyJob",
+    "tests.eventbus.jobtypes.PatientFlakyJob",
+)
+
+
+def test_balance_moves_the_shards_live_and_nothing_is_lost(own_cluster, settings):
     servers, cluster = own_cluster
+    settings.EVENTBUS = {**settings.EVENTBUS, "JOB_TYPES": UNBALANCED_JOB_TYPES}
+    settings.TASKS = {}  # no `task` type either
     client = get_redis()
     masters = sorted(node.name for node in cluster.get_primaries())
     jobs = [
