@@ -105,16 +105,24 @@ class Reclaimer(LoopWorker):
         # The raw reply, so that one parser handles the 6.2 and 7 shapes (and nil entries).
         self.client.set_response_callback("XAUTOCLAIM", lambda response, **options: response)
         try:
+            # Set up before the domains' passes run at once: a cluster client's first commands
+            # all set it up otherwise, each resetting the connections the others are using.
+            await self.client.initialize()
             return await self.reclaim_all()
         finally:
             await self.client.aclose()
             self.client = None
 
     async def reclaim_all(self) -> int:
+        # Every domain's pass ends before the pass's client closes (reclaim_pass): a failure of
+        # one is raised once the others are done, never into them through a closed client.
         counts = await asyncio.gather(
-            *(self.reclaim_domain(domain, shards) for domain, shards in self.streams)
+            *(self.reclaim_domain(domain, shards) for domain, shards in self.streams), return_exceptions=True
         )
-        return sum(counts)
+        for count in counts:
+            if isinstance(count, BaseException):
+                raise count
+        return sum(counts)  # type: ignore[arg-type]
 
     async def reclaim_domain(self, domain: str, shards: int) -> int:
         total = 0
