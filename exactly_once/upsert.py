@@ -12,6 +12,7 @@ Fields are prepared as the ORM saves them (get_db_prep_save); no model signal is
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 from django.db import connections, router
@@ -32,26 +33,39 @@ def insert_statement(
     model = type(objs[0])
     alias = router.db_for_write(model)
     connection = connections[alias]
-    quote = connection.ops.quote_name
-    meta = model._meta
-    fields = [f for f in meta.concrete_fields if not (f.primary_key and f.auto_created)]
-    table = quote(meta.db_table)
+    fields = _fields(model)
+    sql = _insert_sql(model, alias, target, update_unless, len(objs))
+    params = [f.get_db_prep_save(f.pre_save(obj, add=True), connection) for obj in objs for f in fields]
+    return sql, params, alias
+
+
+@functools.cache
+def _fields(model: type[Model]) -> tuple[Field, ...]:
+    return tuple(f for f in model._meta.concrete_fields if not (f.primary_key and f.auto_created))
+
+
+# The text depends only on these arguments: built once each (a stage's finish writes one such
+# statement per stage of every job; building it quoted ~40 names each time).
+@functools.cache
+def _insert_sql(
+    model: type[Model], alias: str, target: tuple[str, ...], update_unless: str | None, rows: int
+) -> str:
+    quote = connections[alias].ops.quote_name
+    fields = _fields(model)
+    table = quote(model._meta.db_table)
     row = "(" + ", ".join(["%s"] * len(fields)) + ")"
     sql = (
         f"INSERT INTO {table} ({', '.join(quote(column(model, f.name)) for f in fields)}) "
-        f"VALUES {', '.join([row] * len(objs))} "
+        f"VALUES {', '.join([row] * rows)} "
         f"ON CONFLICT ({', '.join(quote(column(model, name)) for name in target)}) "
     )
     if update_unless is None:
-        sql += "DO NOTHING"
-    else:
-        updated = [column(model, f.name) for f in fields if f.name not in target and not f.primary_key]
-        sql += (
-            f"DO UPDATE SET {', '.join(f'{quote(c)} = excluded.{quote(c)}' for c in updated)} "
-            f"WHERE {table}.{quote(column(model, update_unless))} IS NULL"
-        )
-    params = [f.get_db_prep_save(f.pre_save(obj, add=True), connection) for obj in objs for f in fields]
-    return sql, params, alias
+        return sql + "DO NOTHING"
+    updated = [column(model, f.name) for f in fields if f.name not in target and not f.primary_key]
+    return sql + (
+        f"DO UPDATE SET {', '.join(f'{quote(c)} = excluded.{quote(c)}' for c in updated)} "
+        f"WHERE {table}.{quote(column(model, update_unless))} IS NULL"
+    )
 
 
 def insert(objs: Sequence[Model], *, target: tuple[str, ...], update_unless: str | None = None) -> int:

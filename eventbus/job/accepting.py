@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 from django.utils import timezone
 
 from eventbus import jobtypes
+from eventbus.exceptions import JobLimitReached
 from eventbus.job.limits import check_creation_cap, check_payload_size, check_running_cap
 from eventbus.jobtypes import InvalidPayload, JobType, UnknownJobType
 from eventbus.models import Job
@@ -76,9 +77,14 @@ def accept(
         # The span that accepts it (start_job's eventbus.enqueue, a parent's stage): its run joins it.
         trace_context=inject(),
     )
-    if not accepted_before(scope, idem_key):
+    try:
         check_payload_size(cleaned)
         check_caps(owner)
+    except (InvalidPayload, JobLimitReached):
+        # A replay gets its job whatever the limits: asked only when a limit refuses, so a
+        # first request (the usual case) costs no query for it.
+        if not accepted_before(scope, idem_key):
+            raise
     return accept_once(job, unique=("scope", "idem_key"), same=SAME_REQUEST, on_accepted=on_accepted)
 
 
