@@ -82,7 +82,17 @@ def job_list(user, *, state: str | None = None, domain: str | None = None):
 def job_to_stream(user, job_id) -> Job | None:
     """What a job's WebSocket stream needs of it (its id, type, state and acceptance time), if
     `user` sees it, else None."""
-    return visible_jobs(user).filter(id=job_id).only("id", "domain", "state", "accepted_at").first()
+    from eventbus.models import Job
+
+    if not user.is_authenticated:
+        return None
+    # The job first, then whether the user sees it: its owner does without the permission
+    # check, which reads the user's and their groups' permissions (two queries) at every
+    # socket's opening otherwise.
+    job = Job.objects.filter(id=job_id).only("id", "domain", "state", "accepted_at", "owner_id").first()
+    if job is None or (job.owner_id != user.pk and not user.has_perm(VIEW_EVERY_JOB)):
+        return None
+    return job
 
 
 def job_outcome(job_id) -> Job:

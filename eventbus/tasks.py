@@ -3,9 +3,12 @@ calls eventbus.job.runs."""
 
 import logging
 import time
+from contextlib import contextmanager
 
 from celery import shared_task
+from celery.backends.base import DisabledBackend
 from celery.signals import worker_init
+from django.db import close_old_connections
 from django.utils import timezone
 
 from eventbus.job import lifecycle, runs
@@ -27,6 +30,29 @@ logger = logging.getLogger(__name__)
     max_retries=None,
 )
 def run_job(self, job_id: str, failures: int = 0) -> str:
+    with request_connections(self):
+        return _run_job(self, job_id, failures)
+
+
+@contextmanager
+def request_connections(task):
+    """The database connections' life around a run as Django gives it around a request:
+    closed before and after when broken or older than CONN_MAX_AGE (close_old_connections),
+    kept otherwise. Celery's Django fixup closes them around every task unless
+    CELERY_DB_REUSE_MAX is set, whatever CONN_MAX_AGE says, so each run connected anew: with
+    that setting, these calls are what drops a broken or obsolete connection. Not when run
+    eagerly: the caller's connection (a test's transaction) is not ours to close."""
+    if task.request.is_eager:
+        yield
+        return
+    close_old_connections()
+    try:
+        yield
+    finally:
+        close_old_connections()
+
+
+def _run_job(self, job_id: str, failures: int) -> str:
     final_attempt = failures >= runs.MAX_TRANSIENT_RETRIES
     try:
         return runs.run(job_id, fail_on_transient=final_attempt, send=enqueue)
@@ -64,6 +90,7 @@ def enqueue(job, *, again: bool = False) -> bool:
     job_id = str(job.id)
     sent_at = timezone.now()
     try:
+        _without_result_backend(run_job)
         run_job.apply_async(
             (job_id,),
             task_id=job_id,
@@ -78,6 +105,22 @@ def enqueue(job, *, again: bool = False) -> bool:
         return False
     lifecycle.mark_enqueued(job, again=again, sent_at=sent_at)
     return True
+
+
+_no_result_backend: set[str] = set()
+
+
+def _without_result_backend(task) -> None:
+    """Give the task Celery's DisabledBackend as its own result backend, once per process.
+
+    run_job stores no result (ignore_result), yet sending it builds an AsyncResult, which asks
+    for the app's result backend; Celery keeps that backend per thread unless it is thread-safe
+    (the default, disabled one is not), and builds it in each new thread by scanning every
+    installed package's entry points: about 4 ms of CPU. Django's ASGI handler runs each
+    request in a new thread, so every keyed POST paid it."""
+    if task.name not in _no_result_backend:
+        task.backend = DisabledBackend(task.app)
+        _no_result_backend.add(task.name)
 
 
 def broker_priority(priority: int) -> int:

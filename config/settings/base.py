@@ -208,6 +208,11 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Celery's Django fixup closes the database connections before and after every task unless
+# this is set, whatever CONN_MAX_AGE says: every job's run would connect anew. With it, the
+# connections live as CONN_MAX_AGE and CONN_HEALTH_CHECKS say (eventbus.tasks.run_job closes
+# the broken or obsolete ones around each run, as Django does around a request).
+CELERY_DB_REUSE_MAX = 1000
 # Redis broker. A task delivered to a worker that died without acking it goes back to its queue
 # after visibility_timeout seconds: longer than any job and its retry countdowns (or a running
 # job is delivered twice: harmless, see eventbus.job.runs, but wasted), and at most EVENTBUS

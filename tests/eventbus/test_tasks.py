@@ -15,6 +15,7 @@ from datetime import timedelta
 import pytest
 import redis
 from django.core.management import call_command
+from django.db import OperationalError
 from django.utils import timezone
 
 from config.jobs import ScanJob
@@ -414,3 +415,55 @@ def test_sweep_jobs_stops_cleanly_on_sigterm(broker):
     assert process.returncode == 0, stderr
     assert stdout == "Enqueued 0 job(s).\n"
     assert "SIGTERM, stopping" in stderr
+
+
+def _worker_task():
+    """A task as a worker runs it (not eagerly), for eventbus.tasks.request_connections."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(request=SimpleNamespace(is_eager=False))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_keeps_its_connection_as_conn_max_age_allows():
+    from django.db import connection
+
+    connection.ensure_connection()
+    connection.close_at = time.monotonic() + 60  # as CONN_MAX_AGE = 60 sets it at connect
+    raw = connection.connection
+    with tasks.request_connections(_worker_task()):
+        assert Job.objects.count() == 0
+    assert connection.connection is raw  # kept: no new connection for the next run
+
+    connection.close_at = time.monotonic() - 1  # older than CONN_MAX_AGE (0 closes at once)
+    with tasks.request_connections(_worker_task()):
+        pass
+    assert connection.connection is None
+
+
+@pytest.mark.postgres  # SQLite's connections are always usable: none is found broken
+@pytest.mark.django_db(transaction=True)
+def test_a_run_drops_a_broken_connection_first():
+    from django.db import connection
+
+    connection.ensure_connection()
+    connection.close_at = time.monotonic() + 60
+    raw = connection.connection
+    kill_own_backend()  # the server ends it under the run's feet
+    with pytest.raises(OperationalError):
+        Job.objects.count()  # a query fails, and Django marks the connection
+    with tasks.request_connections(_worker_task()):
+        assert Job.objects.count() == 0  # a new connection: the broken one was dropped first
+    assert connection.connection is not raw
+
+
+@pytest.mark.django_db
+def test_an_eager_run_leaves_the_callers_connection_alone():
+    from types import SimpleNamespace
+
+    from django.db import connection
+
+    raw = connection.connection
+    with tasks.request_connections(SimpleNamespace(request=SimpleNamespace(is_eager=True))):
+        pass
+    assert connection.connection is raw and connection.in_atomic_block  # the test's transaction stands
