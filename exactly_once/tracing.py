@@ -43,7 +43,17 @@ except ImportError:
 else:
     TRACING = True
 
-__all__ = ["TRACING", "annotate", "extract", "failed", "inject", "span", "start", "use_tracer_provider"]
+__all__ = [
+    "TRACING",
+    "annotate",
+    "extract",
+    "failed",
+    "inject",
+    "made_current",
+    "span",
+    "start",
+    "use_tracer_provider",
+]
 
 # The instrumentation scope the toolkit's spans are named under.
 SCOPE = "exactly_once"
@@ -123,6 +133,12 @@ def start(name: str, parent=None, **attributes):
         The span's attributes.
     """
     return _tracer.start_span(name, context=parent, attributes=attributes)
+
+
+def made_current(started) -> AbstractContextManager:
+    """A span start() gave, current while the block runs and ended after it (as span() makes
+    its own, without marking it failed: the caller does, with failed()). Only when tracing is on."""
+    return _trace.use_span(started, end_on_exit=True, record_exception=False, set_status_on_exception=False)
 
 
 def failed(current, failure: BaseException | str) -> None:

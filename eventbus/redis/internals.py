@@ -180,6 +180,10 @@ def _send_and_read(client, calls: Sequence, then: tuple = (), first: tuple = ())
     connection = connection_of(pool) if hold else pool.get_connection()
     lead, on_lead = first or ((), None)
     try:
+        if pack_command is not None and len(calls) == 1 and not (lead or then):
+            # One call (a worker's single publish): nothing to chunk.
+            connection.send_packed_command((pack_command(calls[0].command),))
+            return [_read_reply(connection)]
         if pack_command is not None:
             # In chunks: Redis runs the first calls while the next are built and packed.
             for start in range(0, len(calls), SEND_CHUNK):

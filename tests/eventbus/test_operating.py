@@ -373,7 +373,8 @@ def test_start_job_and_the_jobs_api_share_the_owners_keys(broker, api_client, us
 def test_the_running_cap_of_eventbus_limits_refuses_new_jobs_not_replays(
     broker, api_client, user, tmp_path, monkeypatch
 ):
-    """eventbus.job.limits's cap is checked for a new job only: 429 with Retry-After."""
+    """eventbus.job.limits's cap refuses a new job (429 with Retry-After), never a replay: a
+    refusal asks whether the key was accepted before (not asked on every first request)."""
     from eventbus.exceptions import JobLimitReached
     from eventbus.job import accepting
 
@@ -393,7 +394,7 @@ def test_the_running_cap_of_eventbus_limits_refuses_new_jobs_not_replays(
     assert refused.status_code == 429 and refused["Retry-After"] == "7"
     assert refused["Content-Type"] == "application/problem+json" and refused.json()["status"] == 429
     assert start_job("flaky", payload, key="cap-1", owner=user)[1] is False  # a replay: not capped
-    assert capped == [user, user] and Job.objects.count() == 1
+    assert capped == [user, user, user] and Job.objects.count() == 1
 
 
 # Races, with real threads (PostgreSQL in CI) --------------------------------------------------
