@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.bench-installed
 
-.PHONY: run test test-fast lint docs setup redis browser bench bench-gateway bench-cluster bench-jobs chaos clean matrix test-newest test-django60 smoke-newest
+.PHONY: run test test-fast lint docs setup redis browser bench bench-eventbus bench-gateway bench-cluster bench-jobs bench-tasks chaos clean matrix test-newest test-django60 smoke-newest
 
 $(STAMP): requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -78,6 +78,11 @@ $(BENCH_STAMP): $(STAMP) bench/requirements.txt
 bench: $(BENCH_STAMP)
 	$(PY) bench/idempotency.py $(BENCH_ARGS)
 
+# The event bus's: publish (single and batched) next to redis-benchmark running the same script, the
+# router's drain (bench/REPORT-eventbus.md).
+bench-eventbus: $(BENCH_STAMP)
+	$(PY) bench/eventbus.py $(BENCH_EVENTBUS_ARGS)
+
 # The gateway's: sockets held by one server process, fan-out, resync after a Redis blip, publish -> frame
 # latency (bench/REPORT-gateway.md).
 bench-gateway: $(BENCH_STAMP)
@@ -91,6 +96,10 @@ bench-cluster: $(BENCH_STAMP)
 # Jobs end to end, the headline: ours, Celery + Channels and DBOS Transact in one run (bench/REPORT-jobs.md).
 bench-jobs: $(BENCH_STAMP)
 	$(PY) bench/jobs.py $(BENCH_JOBS_ARGS)
+
+# Django's tasks end to end: ours, django-tasks-db and plain Celery in one run (bench/REPORT-tasks.md).
+bench-tasks: $(BENCH_STAMP)
+	$(PY) bench/tasks.py $(BENCH_TASKS_ARGS)
 
 # The long exactly-once run under faults (tests/e2e/harness.py; the short one is in `make test`):
 # make chaos CHAOS_ARGS="--jobs 200 --clients 20 --duration 600"
