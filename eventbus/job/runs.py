@@ -173,7 +173,7 @@ def _run(job: Job, fail_on_transient: bool, send: Callable[[Job], object] | None
     if not lease.acquire():
         raise JobBusy(job_id, lease.retry_in())
     try:
-        was = job.state
+        was, started_before = job.state, job.started_at
         # Started before anything is published: a job cancelled before it started (PENDING ->
         # CANCELLED, by cancel_job) is never run, and once RUNNING only its run ends it. It
         # reads the state again, with the lease held: its previous holder may have ended it.
@@ -182,7 +182,10 @@ def _run(job: Job, fail_on_transient: bool, send: Callable[[Job], object] | None
         if lifecycle.past_deadline(job):
             return _conclude(job, job_type, State.TIMED_OUT)
         logger.info("Job %s running (%s, was %s)", job_id, job.domain, was)
-        return _run_stages(job, job_type, lease, send)
+        # This run took the job from PENDING (start() set started_at, with the lease held): no
+        # run wrote a stage record before it, and a job that retries none has no copied ones.
+        first = started_before is None and job.started_at is not None and job.retry_of_id is None
+        return _run_stages(job, job_type, lease, send, first=first)
     except StageWaiting as waiting:
         return _wait(job, job_type, waiting, send)
     except DeadlinePassed:
@@ -225,7 +228,7 @@ def _wait(job: Job, job_type: JobType, waiting: StageWaiting, send) -> str:
     return "waiting"
 
 
-def _run_stages(job: Job, job_type: JobType, lease: RunLease, send=None) -> str:
+def _run_stages(job: Job, job_type: JobType, lease: RunLease, send=None, *, first: bool = False) -> str:
     def after_event() -> None:
         lease.renew()
         if lifecycle.past_deadline(job):
@@ -239,6 +242,7 @@ def _run_stages(job: Job, job_type: JobType, lease: RunLease, send=None) -> str:
             is_cancelled=lambda: cancellation.requested(job),
             root_id=lifecycle.chain_root_id(job),
             send=send,
+            first=first,
         )
         outcome = job_type.outcome(results) or {}
         publish_final(job, job_type, State.COMPLETED, **outcome)

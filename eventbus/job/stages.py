@@ -193,17 +193,19 @@ def run_stages(
     is_cancelled: Callable[[], bool] | None = None,
     root_id: str | None = None,
     send: Callable[[Job], None] | None = None,
+    first: bool = False,
 ) -> dict:
     """Run the job's stages in order; returns the results by stage name. `after_event` runs
     after every event published (it renews the run lease and checks the deadline, raising to
     stop the run). `is_cancelled` says whether the job was cancelled (cheaply: the running
     stage asks it at each report); before each stage the database is asked. `root_id`: the
-    retry chain's first job (the stages' keys). `send`: sends a job's run (a child's).
+    retry chain's first job (the stages' keys). `send`: sends a job's run (a child's). `first`: the
+    job's first run, which took it from PENDING: it has no stage record to read.
 
     Raises StageWaiting (a stage waits: its record says for what), JobCancelled (the job was cancelled: no later stage starts), StageRetry (a failed
     attempt's retry waits), or the stage's exception (the job fails)."""
     job_id, domain = str(job.id), job.domain
-    records = {r.stage: r for r in StageRecord.objects.filter(job=job)}
+    records = {} if first else {r.stage: r for r in StageRecord.objects.filter(job=job)}
     finished = {name: r for name, r in records.items() if r.finished_at is not None}
     results: dict[str, Any] = {}
     plan = job_type.plan()
