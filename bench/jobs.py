@@ -67,32 +67,39 @@ import gc
 import json
 import os
 import shutil
-import signal
 import sys
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.database import BenchDatabase, conninfo
-from bench.http_client import read_response
+from bench.harness import (
+    BIN,
+    Context,
+    KeepAlive,
+    System,
+    celery_command,
+    only,
+    postgres_cpu,
+    redis_version,
+    running,
+    setup,
+    start,
+    wait_ready,
+    write_raw,
+)
 from bench.jobs_stages import DOMAIN, EXPECTED_SEQS, STAGES
-from bench.processes import Process, cpu_seconds, importable, interrupted, port_open, proc_stat, wait_for
-from bench.procstat import CLOCK_TICKS, cpu_model, run_info
+from bench.processes import Process, wait_for
 from bench.profiling import Profiler, cpu_profile, cpu_profile_markdown
-from bench.report import load_average, markdown_table, verdict
+from bench.report import markdown_table, verdict
 from bench.stats import median, percentile, ratio
 from config.redis_server import RedisServer, free_port
 
-BIN = Path(sys.executable).parent
 REPORT = ROOT / "bench" / "REPORT-jobs.md"
 RESULTS_DIR = ROOT / "bench" / "results"
-DEFAULT_PG = "postgres://postgres@127.0.0.1:5432/postgres"
 SYSTEMS = ("ours", "channels", "dbos")
 NAMES = {"ours": "ours", "channels": "Celery + Channels", "dbos": "DBOS Transact"}
 # The targets: ours' jobs/s over each baseline's; and ours' POST -> first frame p50 with one
@@ -101,73 +108,18 @@ TARGETS = {"channels": 1.3, "dbos": 1.5}
 ALONE_P50_BASELINE = "channels"
 
 
-# --- processes --------------------------------------------------------------------------------
-
-
-def postgres_cpu() -> float:
-    """CPU seconds of the local PostgreSQL server: its live processes, and (the postmaster's
-    cutime/cstime) the backends that exited. Every database's work, not only the bench's."""
-    total = 0.0
-    postgres = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if (entry / "comm").read_text().strip() == "postgres":
-                    fields = proc_stat(entry.name)
-                    if fields:
-                        postgres[int(entry.name)] = fields
-            except OSError:
-                continue
-    for fields in postgres.values():
-        total += int(fields[11]) + int(fields[12])
-        if int(fields[1]) not in postgres:  # the postmaster: its reaped children's time too
-            total += int(fields[13]) + int(fields[14])
-    return total / CLOCK_TICKS
-
-
 # --- the systems ------------------------------------------------------------------------------
 
 
-@dataclass
-class System:
-    name: str
-    port: int
+@dataclass(kw_only=True)
+class JobSystem(System):
     post_path: str
     ws_prefix: str
     socket_first: bool  # the client opens its socket before the POST (it knows the job's id)
-    exec_log: Path
     databases: list[str]
-    children: list[Process] = field(default_factory=list)
-    redis: RedisServer | None = None
-    description: str = ""
 
     def ws_url(self, job_id: str) -> str:
         return f"ws://127.0.0.1:{self.port}{self.ws_prefix}{job_id}/"
-
-    def pause(self) -> None:
-        for child in self.children:
-            child.pause()
-
-    def resume(self) -> None:
-        for child in self.children:
-            child.resume()
-
-    def cpu(self) -> dict[tuple[str, int], float]:
-        """CPU seconds of every process of the system (its sessions' and its Redis), by
-        (component, pid): a component is a child's name without the system's, or "redis"."""
-        found = {
-            (child.name.removeprefix(f"{self.name}-").rstrip("-0123456789"), pid): seconds
-            for child in self.children
-            for pid, seconds in child.session_cpu().items()
-        }
-        if self.redis is not None and self.redis.process is not None:
-            found["redis", self.redis.process.pid] = cpu_seconds(self.redis.process.pid)
-        return found
-
-    def check_alive(self) -> None:
-        for child in self.children:
-            if not child.alive():
-                raise RuntimeError(f"{child.name} exited during the bench:\n{child.log(tail=3000)}")
 
 
 def django_env(system: str, database_url: str, redis_url: str, exec_log: Path, args, **extra: str) -> dict:
@@ -200,21 +152,6 @@ def web_settings(env: dict, args) -> dict:
     return web
 
 
-def start(name: str, command: list[str], env: dict, log_dir: Path, ready_text: str | None = None) -> Process:
-    """One of a system's processes, started; wait_ready() waits for them all."""
-    return Process(*command, name=name, environ=env, log_dir=log_dir, ready_text=ready_text).start(wait=False)
-
-
-def celery_command(name: str, workers: int) -> list[str]:
-    """The Procfile's worker (prefork, --workers processes), named, without the cluster chatter
-    (gossip, mingle, heartbeats) a single worker has no use for: the same for ours and (a)."""
-    return [
-        str(BIN / "celery"),
-        *("-A", "config", "worker", "-P", "prefork", "-c", str(workers), "--loglevel", "INFO"),
-        *("-n", f"{name}@%h", "--without-gossip", "--without-mingle", "--without-heartbeat"),
-    ]
-
-
 def uvicorn_command(app: str, port: int, *options: str) -> list[str]:
     return [
         str(BIN / "uvicorn"),
@@ -225,19 +162,19 @@ def uvicorn_command(app: str, port: int, *options: str) -> list[str]:
     ]
 
 
-def start_ours(ctx: Context, args) -> System:
+def start_ours(ctx: JobsContext, args) -> JobSystem:
     redis_server = ctx.ours_redis  # started first: this process's Django reads its URL
     assert redis_server is not None
     db = ctx.databases["ours"]
-    system = System(
+    system = JobSystem(
         "ours",
         free_port(),
-        "/api/jobs/",
-        "/ws/jobs/",
-        False,
         ctx.log_dir / "exec-ours.log",
-        [db],
         redis=redis_server,
+        post_path="/api/jobs/",
+        ws_prefix="/ws/jobs/",
+        socket_first=False,
+        databases=[db],
     )
     ctx.started.append(system)
     env = django_env(
@@ -265,18 +202,19 @@ def start_ours(ctx: Context, args) -> System:
     return system
 
 
-def start_channels(ctx: Context, args) -> System:
+def start_channels(ctx: JobsContext, args) -> JobSystem:
     redis_server = RedisServer().start()
+    ctx.redis.append(redis_server)
     db = ctx.databases["channels"]
-    system = System(
+    system = JobSystem(
         "channels",
         free_port(),
-        "/bench/channels/jobs/",
-        "/ws/bench/channels/",
-        True,
         ctx.log_dir / "exec-channels.log",
-        [db],
         redis=redis_server,
+        post_path="/bench/channels/jobs/",
+        ws_prefix="/ws/bench/channels/",
+        socket_first=True,
+        databases=[db],
     )
     ctx.started.append(system)
     env = django_env(
@@ -296,16 +234,16 @@ def start_channels(ctx: Context, args) -> System:
     return system
 
 
-def start_dbos(ctx: Context, args) -> System:
+def start_dbos(ctx: JobsContext, args) -> JobSystem:
     db, sys_db = ctx.databases["dbos"], ctx.databases["dbos_sys"]
-    system = System(
+    system = JobSystem(
         "dbos",
         free_port(),
-        "/bench/dbos/jobs/",
-        "/ws/bench/dbos/",
-        False,
         ctx.log_dir / "exec-dbos.log",
-        [db, sys_db],
+        post_path="/bench/dbos/jobs/",
+        ws_prefix="/ws/bench/dbos/",
+        socket_first=False,
+        databases=[db, sys_db],
     )
     dbos_env = {
         "BENCH_DBOS_URL": ctx.db_url(sys_db, scheme="postgresql"),
@@ -348,94 +286,28 @@ def start_dbos(ctx: Context, args) -> System:
     return system
 
 
-def wait_ready(system: System) -> None:
-    """Every process up (its ready line logged, if it has one), the web server answering; ours'
-    router reading its streams."""
-    wait_for(
-        lambda: all(child.ready() for child in system.children) and port_open(system.port),
-        timeout=90,
-        interval=0.1,
-        message=f"{system.name} to start",
-    )
-    if system.name == "ours":
-        wait_for(
-            lambda: router_ready(system),
-            timeout=90,
-            interval=0.1,
-            message="the router to join its consumer group",
-        )
-
-
-def router_ready(system: System) -> bool:
-    """Its group has a consumer on every stream of the bench's job type (it has issued XREADGROUP)."""
-    import redis
-
-    from eventbus.bus.delivery import streams_for
-
-    assert system.redis is not None
-    client = redis.Redis(port=system.redis.port)
-    try:
-        return all(
-            any(group["consumers"] for group in client.xinfo_groups(stream.key))
-            for stream in streams_for(None)
-        )
-    except redis.RedisError:
-        return False
-    finally:
-        client.close()
-
-
 # --- databases --------------------------------------------------------------------------------
 
 
-class Context:
-    """The run's databases (a migrated template and a copy per system), log folder and users."""
+class JobsContext(Context):
+    """The run's databases (a copy of the template per system and DBOS's system database), log
+    folder and the bench's user."""
 
     def __init__(self, server_url: str, log_dir: Path):
-        self.server_url, self.log_dir = server_url, log_dir
-        self.stem = stem = f"bench_jobs_{os.getpid()}"
-        self.template = f"{stem}_template"
-        self.databases = {"ours": f"{stem}_ours", "channels": f"{stem}_channels", "dbos": f"{stem}_dbos"}
-        self.databases["dbos_sys"] = f"{stem}_dbos_sys"
-        self.created: list[str] = []
-        self.started: list[System] = []
+        super().__init__(server_url, log_dir, f"bench_jobs_{os.getpid()}", (*SYSTEMS, "dbos_sys"))
         self.token = self.session = ""
         self.user_pk = 0
         self.ours_redis: RedisServer | None = None
-        self.version = ""
+        self.rows: dict[str, dict[str, int]] = {}
 
-    def db_url(self, name: str, scheme: str | None = None) -> str:
-        parts = urlsplit(self.server_url)._replace(path="/" + name)
-        if scheme:
-            parts = parts._replace(scheme=scheme)
-        return urlunsplit(parts)
-
-    def execute(self, sql: str, dbname: str = "postgres") -> list:
-        import psycopg
-
-        with psycopg.connect(conninfo(self.db_url(dbname)), autocommit=True) as conn:
-            cursor = conn.execute(sql)
-            return cursor.fetchall() if cursor.description else []
-
-    def create(self, name: str, template: str | None = None) -> None:
-        self.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        self.created.append(name)
-        self.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
-
-    def drop_all(self) -> None:
-        for name in reversed(self.created):
-            try:
-                self.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            except Exception as exc:
-                print(f"could not drop database {name}: {exc}", file=sys.stderr)
-        self.created.clear()
-
-    def prepare(self) -> None:
+    def prepare_all(self) -> None:
         """The template: migrated, with the bench's user, its token and a logged-in session; then
-        each system's copy of it (CREATE DATABASE ... TEMPLATE) and DBOS's empty system database."""
-        self.create(self.template)
-        self.version = "PostgreSQL " + self.execute("SHOW server_version")[0][0]
-        os.environ["DATABASE_URL"] = self.db_url(self.template)
+        each system's copy of it and DBOS's empty system database."""
+        self.prepare(self.migrate, SYSTEMS)
+        self.create(self.databases["dbos_sys"])
+
+    def migrate(self, template_url: str) -> None:
+        os.environ["DATABASE_URL"] = template_url
         import django
 
         django.setup()
@@ -459,9 +331,14 @@ class Context:
             user.pk,
         )
         connections.close_all()
-        for name in ("ours", "channels", "dbos"):
-            self.create(self.databases[name], template=self.template)
-        self.create(self.databases["dbos_sys"])
+
+    def before_drop(self) -> None:
+        # Every backend has exited, its statistics flushed: the counts are whole.
+        self.rows = {
+            system.name: self.rows_written(system.databases)
+            for system in self.started
+            if isinstance(system, JobSystem)
+        }
 
     def rows_written(self, names: list[str]) -> dict[str, int]:
         """Rows inserted, updated or deleted in each user table of these databases since they were
@@ -509,13 +386,12 @@ class JobResult:
         return duplicates, len(set(EXPECTED_SEQS) - seen), reordered
 
 
-class Http:
-    """One keep-alive HTTP/1.1 connection to a system's web server."""
+class Http(KeepAlive):
+    """A keep-alive connection that POSTs jobs (keyed: sent again on a closed connection)."""
 
     def __init__(self, port: int, token: str):
-        self.port, self.token = port, token
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
+        super().__init__(port)
+        self.token = token
 
     async def post(self, path: str, key: str) -> tuple[int, dict, bytes]:
         body = json.dumps({"domain": DOMAIN, "payload": {"key": key}}).encode()
@@ -524,31 +400,11 @@ class Http:
             f"Authorization: Token {self.token}\r\nContent-Type: application/json\r\n"
             f"Accept: application/json\r\nIdempotency-Key: {key}\r\nContent-Length: {len(body)}\r\n\r\n"
         ).encode() + body
-        for attempt in (1, 2):
-            if self.writer is None:
-                self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
-            assert self.reader is not None
-            self.writer.write(request)
-            try:
-                status, headers, data = await read_response(self.reader)
-            except (asyncio.IncompleteReadError, ConnectionError):
-                self.close()
-                if attempt == 2:
-                    raise
-                continue
-            if headers.get("connection") == "close":
-                self.close()
-            return status, headers, data
-        raise AssertionError("unreachable")
-
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-        self.reader = self.writer = None
+        return await self.send(request, retry=True)
 
 
 class Client:
-    def __init__(self, ctx: Context, run_id: str):
+    def __init__(self, ctx: JobsContext, run_id: str):
         self.ctx, self.run_id = ctx, run_id
         self.counter = 0
 
@@ -556,7 +412,7 @@ class Client:
         self.counter += 1
         return f"{self.run_id}-{system}-{tag}-{self.counter}"
 
-    async def connect(self, system: System, job_id: str):
+    async def connect(self, system: JobSystem, job_id: str):
         from websockets.asyncio.client import connect
         from websockets.typing import Origin
 
@@ -574,7 +430,7 @@ class Client:
 
     async def job(
         self,
-        system: System,
+        system: JobSystem,
         http: Http,
         key: str,
         *,
@@ -639,7 +495,7 @@ class Client:
 
     async def batch(
         self,
-        system: System,
+        system: JobSystem,
         count: int,
         concurrency: int,
         tag: str,
@@ -710,7 +566,7 @@ class Run:
         return next((r.error for r in self.results if r.error), None)
 
 
-def measure(system: System, client: Client, count: int, concurrency: int, tag: str, **options) -> Run:
+def measure(system: JobSystem, client: Client, count: int, concurrency: int, tag: str, **options) -> Run:
     cpu_before, pg_before, own_before = system.cpu(), postgres_cpu(), time.process_time()
     results, seconds = asyncio.run(client.batch(system, count, concurrency, tag, **options))
     cpu_after, pg_after, own_after = system.cpu(), postgres_cpu(), time.process_time()
@@ -746,7 +602,7 @@ def second_executions(counts: collections.Counter, keys: list[str]) -> int:
     return sum(max(0, counts[key, STAGES[0]] - 1) for key in keys)
 
 
-def guarantee_probes(system: System, client: Client, args) -> dict:
+def guarantee_probes(system: JobSystem, client: Client, args) -> dict:
     """Socket opened after the POST answered; keys POSTed twice."""
     late, _ = asyncio.run(
         client.batch(
@@ -800,7 +656,7 @@ def guarantee_probes(system: System, client: Client, args) -> dict:
 PROFILED = {"web": ("ours-web", False), "worker": ("ours-worker", True), "router": ("ours-router", False)}
 
 
-def profile_round(system: System, client: Client, args) -> dict:
+def profile_round(system: JobSystem, client: Client, args) -> dict:
     """One more round of ours, not counted, with py-spy (--nonblocking, --gil, --function) on the web
     server, the Celery worker with its pool and the router: CPU ms per job by function and by
     package, per process kind (the pool's children apart from the worker's main process), next
@@ -1180,40 +1036,24 @@ def main() -> int:
         print("py-spy is missing (bench/requirements.txt): --no-profile, or install it", file=sys.stderr)
         return 2
 
-    missing = [m for m in ("dbos", "channels_redis", "websockets") if not importable(m)]
-    if missing:
-        print(
-            f"missing {', '.join(missing)}: run `make bench-jobs` (installs bench/requirements.txt)",
-            file=sys.stderr,
-        )
+    begun = setup("jobs", ("dbos", "channels_redis", "websockets"), " (DBOS and the targets)")
+    if begun is None:
         return 2
-    database = BenchDatabase("bench_jobs", default_server=DEFAULT_PG)
-    if database.vendor != "postgresql":
-        print(f"bench/jobs.py needs PostgreSQL (DBOS and the targets): {database.warning}", file=sys.stderr)
-        return 2
-
-    started = time.time()
-    load_before = load_average()
-    log_dir = Path(tempfile.mkdtemp(prefix="bench-jobs-"))
-    ctx = Context(database.postgres_url, log_dir)
-    systems: dict[str, System] = {}
-    failed = True
-    signal.signal(signal.SIGTERM, interrupted)
-    try:
+    log_dir = begun.log_dir
+    ctx = JobsContext(begun.database.postgres_url, log_dir)
+    systems: dict[str, JobSystem] = {}
+    with running(ctx):
         starters = {"ours": start_ours, "channels": start_channels, "dbos": start_dbos}
         # ours' Redis first: this process's Django (migrate, the router's streams) reads its URL.
         ctx.ours_redis = RedisServer(durable=True).start()
+        ctx.redis.append(ctx.ours_redis)
         os.environ.update(
             DJANGO_SETTINGS_MODULE="bench.jobs_settings",
             BENCH_JOBS_SYSTEM="ours",
             LOG_LEVEL="WARNING",
             REDIS_URL=ctx.ours_redis.url,
         )
-        print(
-            f"databases on {database.postgres_url.rsplit('@', 1)[-1]}: migrating a template, copying it",
-            flush=True,
-        )
-        ctx.prepare()
+        ctx.prepare_all()
         for name in chosen:
             systems[name] = starters[name](ctx, args)
         for system in systems.values():
@@ -1224,18 +1064,12 @@ def main() -> int:
 
         client = Client(ctx, uuid.uuid4().hex[:8])
 
-        def only(name: str) -> System:
+        def alone(name: str) -> JobSystem:
             """Resume this system, pause the others (unless --no-pause)."""
-            if args.pause:
-                for other in systems.values():
-                    if other.name != name:
-                        other.pause()
-            systems[name].resume()
-            time.sleep(0.2)
-            return systems[name]
+            return only(systems, name, args.pause)
 
         for name in systems:
-            run = measure(only(name), client, args.warmup, args.concurrency, "warm")
+            run = measure(alone(name), client, args.warmup, args.concurrency, "warm")
             print(f"  warm-up {name:9} {run.rate:7.1f} jobs/s  {run.faults()}", flush=True)
         runs: dict[str, list[Run]] = {name: [] for name in systems}
         for rnd in range(args.rounds):
@@ -1243,7 +1077,7 @@ def main() -> int:
             order = names[rnd % len(names) :] + names[: rnd % len(names)]
             print(f"round {rnd + 1}/{args.rounds}: {', '.join(order)}", flush=True)
             for name in order:
-                run = measure(only(name), client, args.jobs, args.concurrency, f"r{rnd}")
+                run = measure(alone(name), client, args.jobs, args.concurrency, f"r{rnd}")
                 systems[name].check_alive()
                 runs[name].append(run)
                 lat = run.latencies()
@@ -1260,7 +1094,7 @@ def main() -> int:
                 )
         latency: dict[str, Run] = {}
         for name in systems:
-            latency[name] = measure(only(name), client, args.latency_jobs, 1, "lat")
+            latency[name] = measure(alone(name), client, args.latency_jobs, 1, "lat")
             lat = latency[name].latencies()
             print(
                 f"  one client {name:9} POST->first frame p50 {percentile(lat, 0.5) * 1000:6.1f} ms "
@@ -1269,104 +1103,40 @@ def main() -> int:
             )
         profile: dict = {}
         if args.profile and "ours" in systems:
-            profile = profile_round(only("ours"), client, args)
+            profile = profile_round(alone("ours"), client, args)
             print(f"  profiled round ours {profile['rate']:7.1f} jobs/s (not counted)  {profile['faults']}")
             print("\n".join(profile_text(profile)), flush=True)
         probes = {}
         for name in systems:
-            probes[name] = guarantee_probes(only(name), client, args)
+            probes[name] = guarantee_probes(alone(name), client, args)
             print(f"  probes {name:9} {probes[name]}", flush=True)
         for system in systems.values():
             system.resume()
             system.check_alive()
         descriptions = {name: system.description for name, system in systems.items()}
-        redis_version = _redis_version(systems)
-        failed = False
-    finally:
-        shutdown(ctx)
-        rows = {}
-        try:
-            if not failed:
-                # Every backend has exited, its statistics flushed: the counts are whole.
-                rows = {name: ctx.rows_written(system.databases) for name, system in systems.items()}
-        finally:
-            ctx.drop_all()
-        if failed:
-            print(f"logs kept in {log_dir}", file=sys.stderr)
+        redis = redis_version(systems)
 
     counts = {name: executions(system.exec_log) for name, system in systems.items()}
     writes = {name: write_counts(system.exec_log.with_name(f"writes-{name}.log")) for name in systems}
     if args.only:
         shutil.rmtree(log_dir, ignore_errors=True)
         return 0
-    summary = summarise(runs, counts, writes, rows)
+    summary = summarise(runs, counts, writes, ctx.rows)
     for name, run in latency.items():
         lat = run.latencies()
         summary[name]["alone_p50_ms"] = percentile(lat, 0.50) * 1000
         summary[name]["alone_p99_ms"] = percentile(lat, 0.99) * 1000
         summary[name]["alone_faults"] = run.faults()
-    info = {
-        **run_info("bench/jobs.py"),
-        "seconds": time.time() - started,
-        "load_before": load_before,
-        "load_after": load_average(),
-        "database": ctx.version,
-        "redis": redis_version,
-        **_versions(),
-    }
-    info["cpu"] = info["cpu"] or cpu_model() or "unknown CPU"
+    info = begun.info(ctx, redis, "celery", "channels", "channels-redis", "dbos", "uvicorn", "websockets")
     text, verdicts = render(summary, probes, args, info)
     print()
     print(text)
-    RESULTS_DIR.mkdir(exist_ok=True)
-    raw = RESULTS_DIR / f"jobs-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}.json"
-    raw.write_text(
-        json.dumps(
-            {"info": info, "args": vars(args), "summary": summary, "probes": probes, "profile": profile},
-            indent=1,
-            default=str,
-        )
-    )
+    raw = write_raw("jobs", info=info, args=vars(args), summary=summary, probes=probes, profile=profile)
     if not args.no_report:
         REPORT.write_text(report(text, summary, probes, descriptions, args, info, profile))
         print(f"\nwritten to {REPORT.relative_to(ROOT)} (raw figures: {raw.relative_to(ROOT)})")
     shutil.rmtree(log_dir, ignore_errors=True)
     return 0
-
-
-def shutdown(ctx: Context) -> None:
-    """Stop every process started, the Redis servers last, whatever fails on the way."""
-    for system in reversed(ctx.started):
-        for child in reversed(system.children):
-            try:
-                child.stop(timeout=20)
-            except Exception as exc:
-                print(f"stopping {child.name}: {type(exc).__name__}: {exc}", file=sys.stderr)
-    for server in [system.redis for system in ctx.started] + [ctx.ours_redis]:
-        if server is not None:
-            server.stop()
-    try:
-        from django.db import connections
-
-        connections.close_all()
-    except Exception:
-        pass
-
-
-def _redis_version(systems: dict[str, System]) -> str:
-    for system in systems.values():
-        if system.redis is not None:
-            return str(system.redis.client().info("server")["redis_version"])
-    return "n/a"
-
-
-def _versions() -> dict[str, str]:
-    from importlib.metadata import version
-
-    return {
-        name.replace("-", "_"): version(name)
-        for name in ("celery", "channels", "channels-redis", "dbos", "uvicorn", "websockets")
-    }
 
 
 if __name__ == "__main__":

@@ -44,37 +44,30 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import datetime
+import functools
 import gc
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.database import BenchDatabase, conninfo
-from bench.http_client import read_response
+from bench import harness
+from bench.harness import Context, System
 from bench.idempotency import server_command
-from bench.jobs import System, celery_command, postgres_cpu, router_ready, start
-from bench.processes import Process, importable, interrupted, port_open, wait_for
-from bench.procstat import cpu_model, run_info
-from bench.report import load_average, markdown_table, verdict
+from bench.processes import Process
+from bench.report import markdown_table, verdict
 from bench.stats import median, percentile, ratio
 from config.redis_server import RedisServer, free_port
 
 REPORT = ROOT / "bench" / "REPORT-tasks.md"
-RESULTS_DIR = ROOT / "bench" / "results"
-DEFAULT_PG = "postgres://postgres@127.0.0.1:5432/postgres"
 STACKS = ("ours", "dbtasks", "celery")
 # What is measured: (variant, the stack that runs it, the enqueue view's kind).
 VARIANTS = {
@@ -121,66 +114,24 @@ def django_env(stack: str, database_url: str, redis_url: str, exec_log: Path, ar
     return env
 
 
-class Context:
-    """The run's databases (a migrated template and a copy per system), log folder, processes."""
-
-    def __init__(self, server_url: str, log_dir: Path):
-        self.server_url, self.log_dir = server_url, log_dir
-        stem = f"bench_tasks_{os.getpid()}"
-        self.template = f"{stem}_template"
-        self.databases = {name: f"{stem}_{name}" for name in STACKS}
-        self.created: list[str] = []
-        self.started: list[System] = []
-        self.redis: list[RedisServer] = []
-        self.version = ""
-
-    def db_url(self, name: str) -> str:
-        return urlunsplit(urlsplit(self.server_url)._replace(path="/" + name))
-
-    def execute(self, sql: str) -> list:
-        import psycopg
-
-        with psycopg.connect(conninfo(self.db_url("postgres")), autocommit=True) as conn:
-            cursor = conn.execute(sql)
-            return cursor.fetchall() if cursor.description else []
-
-    def create(self, name: str, template: str | None = None) -> None:
-        self.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        self.created.append(name)
-        self.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
-
-    def drop_all(self) -> None:
-        for name in reversed(self.created):
-            try:
-                self.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            except Exception as exc:
-                print(f"could not drop database {name}: {exc}", file=sys.stderr)
-        self.created.clear()
-
-    def prepare(self, args) -> None:
-        """The template, migrated with every app of the three (django-tasks-db's table too, unused
-        by the other two), then each system's copy of it."""
-        self.create(self.template)
-        self.version = "PostgreSQL " + self.execute("SHOW server_version")[0][0]
-        env = django_env(
-            "dbtasks", self.db_url(self.template), "redis://127.0.0.1:9/0", Path(os.devnull), args
-        )
-        subprocess.run(
-            [sys.executable, "manage.py", "migrate", "--verbosity", "0"], cwd=ROOT, env=env, check=True
-        )
-        for name in STACKS:
-            self.create(self.databases[name], template=self.template)
+def migrate(args, template_url: str) -> None:
+    """The template, migrated with every app of the three (django-tasks-db's table too, unused by
+    the other two)."""
+    env = django_env("dbtasks", template_url, "redis://127.0.0.1:9/0", Path(os.devnull), args)
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "--verbosity", "0"], cwd=ROOT, env=env, check=True
+    )
 
 
 def web(name: str, port: int, env: dict, ctx: Context, args) -> tuple[Process, str]:
     command, description = server_command("gunicorn", port, args.web_workers, args.web_threads)
-    return start(f"{name}-web", command, env, ctx.log_dir), description
+    return harness.start(f"{name}-web", command, env, ctx.log_dir), description
 
 
 def start_ours(ctx: Context, args) -> System:
     redis_server = RedisServer(durable=True).start()
     ctx.redis.append(redis_server)
-    system = System("ours", free_port(), ENQUEUE_PATH, "", False, ctx.log_dir / "exec-ours.log", [])
+    system = System("ours", free_port(), ctx.log_dir / "exec-ours.log")
     system.redis = redis_server
     ctx.started.append(system)
     env = django_env("ours", ctx.db_url(ctx.databases["ours"]), redis_server.url, system.exec_log, args)
@@ -188,10 +139,12 @@ def start_ours(ctx: Context, args) -> System:
     manage = [sys.executable, "manage.py"]
     system.children = [
         server,
-        start("ours-worker", celery_command("ours", args.workers), env, ctx.log_dir, " ready."),
-        start("ours-router", [*manage, "run_router"], env, ctx.log_dir),
+        harness.start(
+            "ours-worker", harness.celery_command("ours", args.workers), env, ctx.log_dir, " ready."
+        ),
+        harness.start("ours-router", [*manage, "run_router"], env, ctx.log_dir),
         # run_jobs' sweeper (its --interval on the default RECOVER_AFTER): sends delayed runs once due.
-        start("ours-sweeper", [*manage, "sweep_jobs", "--interval", "30"], env, ctx.log_dir),
+        harness.start("ours-sweeper", [*manage, "sweep_jobs", "--interval", "30"], env, ctx.log_dir),
     ]
     system.description = (
         f"{described}; Celery prefork x{args.workers}, run_router, sweep_jobs; redis-server (AOF everysec)"
@@ -200,7 +153,7 @@ def start_ours(ctx: Context, args) -> System:
 
 
 def start_dbtasks(ctx: Context, args) -> System:
-    system = System("dbtasks", free_port(), ENQUEUE_PATH, "", False, ctx.log_dir / "exec-dbtasks.log", [])
+    system = System("dbtasks", free_port(), ctx.log_dir / "exec-dbtasks.log")
     ctx.started.append(system)
     # No Redis: a port nothing listens on, so that any use of one would show as an error.
     env = django_env(
@@ -210,7 +163,7 @@ def start_dbtasks(ctx: Context, args) -> System:
     worker = [sys.executable, "manage.py", "db_worker", "--no-startup-delay"]
     worker += ["--interval", f"{args.db_worker_interval:g}"]
     system.children = [server] + [
-        start(f"dbtasks-worker-{i}", [*worker, "--worker-id", f"bench-{i}"], env, ctx.log_dir)
+        harness.start(f"dbtasks-worker-{i}", [*worker, "--worker-id", f"bench-{i}"], env, ctx.log_dir)
         for i in range(1, args.workers + 1)
     ]
     system.description = f"{described}; {args.workers} db_worker processes (--interval {args.db_worker_interval:g} s); no Redis"
@@ -220,28 +173,19 @@ def start_dbtasks(ctx: Context, args) -> System:
 def start_celery(ctx: Context, args) -> System:
     redis_server = RedisServer().start()
     ctx.redis.append(redis_server)
-    system = System("celery", free_port(), ENQUEUE_PATH, "", False, ctx.log_dir / "exec-celery.log", [])
+    system = System("celery", free_port(), ctx.log_dir / "exec-celery.log")
     system.redis = redis_server
     ctx.started.append(system)
     env = django_env("celery", ctx.db_url(ctx.databases["celery"]), redis_server.url, system.exec_log, args)
     server, described = web("celery", system.port, env, ctx, args)
     system.children = [
         server,
-        start("celery-worker", celery_command("celery", args.workers), env, ctx.log_dir, " ready."),
+        harness.start(
+            "celery-worker", harness.celery_command("celery", args.workers), env, ctx.log_dir, " ready."
+        ),
     ]
     system.description = f"{described}; Celery prefork x{args.workers}; redis-server (broker and result backend, no persistence)"
     return system
-
-
-def wait_ready(system: System) -> None:
-    wait_for(
-        lambda: all(child.ready() for child in system.children) and port_open(system.port),
-        timeout=90,
-        interval=0.1,
-        message=f"{system.name} to start",
-    )
-    if system.name == "ours":
-        wait_for(lambda: router_ready(system), timeout=90, interval=0.1, message="the router")
 
 
 def setup_django(ctx: Context, ours: System) -> None:
@@ -273,40 +217,17 @@ class TaskRun:
     error: str | None = None
 
 
-class Http:
-    """One keep-alive HTTP/1.1 connection to a system's web server."""
-
-    def __init__(self, port: int):
-        self.port = port
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
+class Http(harness.KeepAlive):
+    """A keep-alive connection that enqueues tasks and polls their results."""
 
     async def request(self, method: str, path: str) -> tuple[int, bytes]:
         raw = (
             f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{self.port}\r\n"
             "Accept: application/json\r\nContent-Length: 0\r\n\r\n"
         ).encode()
-        for attempt in (1, 2):
-            if self.writer is None:
-                self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
-            assert self.reader is not None
-            self.writer.write(raw)
-            try:
-                status, headers, body = await read_response(self.reader)
-            except (asyncio.IncompleteReadError, ConnectionError):
-                self.close()
-                if attempt == 2 or method == "POST":  # an enqueue is never sent twice
-                    raise
-                continue
-            if headers.get("connection") == "close":
-                self.close()
-            return status, body
-        raise AssertionError("unreachable")
-
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-        self.reader = self.writer = None
+        # An enqueue is never sent twice.
+        status, _, body = await self.send(raw, retry=method != "POST")
+        return status, body
 
 
 async def one_task(http: Http, kind: str, key: str, poll: float, timeout: float) -> TaskRun:
@@ -389,9 +310,9 @@ class Round:
 
 def measure(system: System, variant: str, count: int, args) -> Round:
     _, kind = VARIANTS[variant]
-    cpu_before, pg_before, own_before = system.cpu(), postgres_cpu(), time.process_time()
+    cpu_before, pg_before, own_before = system.cpu(), harness.postgres_cpu(), time.process_time()
     runs, seconds = asyncio.run(batch(system, variant, kind, count, args.clients, args))
-    cpu_after, pg_after, own_after = system.cpu(), postgres_cpu(), time.process_time()
+    cpu_after, pg_after, own_after = system.cpu(), harness.postgres_cpu(), time.process_time()
     used: dict[str, float] = collections.defaultdict(float)
     for (component, pid), seconds_used in cpu_after.items():
         used[component] += seconds_used - cpu_before.get((component, pid), 0.0)
@@ -607,57 +528,33 @@ def main() -> int:
     variants = [v for v in VARIANTS if not args.only or v in args.only.split(",")]
     stacks = [s for s in STACKS if any(VARIANTS[v][0] == s for v in variants)]
 
-    missing = [m for m in ("gunicorn", "django_tasks", "django_tasks_db") if not importable(m)]
-    if missing:
-        print(
-            f"missing {', '.join(missing)}: run `make bench-tasks` (installs bench/requirements.txt)",
-            file=sys.stderr,
-        )
+    begun = harness.setup("tasks", ("gunicorn", "django_tasks", "django_tasks_db"))
+    if begun is None:
         return 2
-    database = BenchDatabase("bench_tasks", default_server=DEFAULT_PG)
-    if database.vendor != "postgresql":
-        print(f"bench/tasks.py needs PostgreSQL: {database.warning}", file=sys.stderr)
-        return 2
-
-    started = time.time()
-    load_before = load_average()
-    log_dir = Path(tempfile.mkdtemp(prefix="bench-tasks-"))
-    ctx = Context(database.postgres_url, log_dir)
+    log_dir = begun.log_dir
+    ctx = Context(begun.database.postgres_url, log_dir, f"bench_tasks_{os.getpid()}", STACKS)
     systems: dict[str, System] = {}
     rounds: dict[str, list[Round]] = {v: [] for v in variants}
     warm: dict[str, Round] = {}
-    failed = True
-    signal.signal(signal.SIGTERM, interrupted)
-    try:
-        print(
-            f"databases on {database.postgres_url.rsplit('@', 1)[-1]}: migrating a template, copying it",
-            flush=True,
-        )
-        ctx.prepare(args)
+    with harness.running(ctx):
+        ctx.prepare(functools.partial(migrate, args), STACKS)
         starters = {"ours": start_ours, "dbtasks": start_dbtasks, "celery": start_celery}
         for name in stacks:
             systems[name] = starters[name](ctx, args)
         if "ours" in systems:
             setup_django(ctx, systems["ours"])
         for system in systems.values():
-            wait_ready(system)
+            harness.wait_ready(system)
         print(f"started: {', '.join(systems)}; logs in {log_dir}", flush=True)
         gc.collect()
         gc.freeze()
 
-        def only(variant: str) -> System:
+        def alone(variant: str) -> System:
             """Resume the variant's system, pause the others (unless --no-pause)."""
-            name = VARIANTS[variant][0]
-            if args.pause:
-                for other in systems.values():
-                    if other.name != name:
-                        other.pause()
-            systems[name].resume()
-            time.sleep(0.2)
-            return systems[name]
+            return harness.only(systems, VARIANTS[variant][0], args.pause)
 
         for variant in variants:
-            warm[variant] = measure(only(variant), variant, args.warmup, args)
+            warm[variant] = measure(alone(variant), variant, args.warmup, args)
             print(
                 f"  warm-up {variant:10} {warm[variant].rate:7.1f} tasks/s  errors {warm[variant].errors()}",
                 flush=True,
@@ -666,7 +563,7 @@ def main() -> int:
             order = variants[rnd % len(variants) :] + variants[: rnd % len(variants)]
             print(f"round {rnd + 1}/{args.rounds}: {', '.join(order)}", flush=True)
             for variant in order:
-                measured = measure(only(variant), variant, args.tasks, args)
+                measured = measure(alone(variant), variant, args.tasks, args)
                 systems[VARIANTS[variant][0]].check_alive()
                 rounds[variant].append(measured)
                 lat = measured.latencies()
@@ -688,16 +585,7 @@ def main() -> int:
         for system in systems.values():
             system.check_alive()
         descriptions = {name: system.description for name, system in systems.items()}
-        redis_version = next(
-            (str(s.redis.client().info("server")["redis_version"]) for s in systems.values() if s.redis),
-            "n/a",
-        )
-        failed = False
-    finally:
-        shutdown(ctx)
-        ctx.drop_all()
-        if failed:
-            print(f"logs kept in {log_dir}", file=sys.stderr)
+        redis = harness.redis_version(systems)
 
     counts = {name: executions(system.exec_log) for name, system in systems.items()}
     checks = {
@@ -710,48 +598,16 @@ def main() -> int:
         shutil.rmtree(log_dir, ignore_errors=True)
         return 0
     summary = summarise(rounds, checks)
-    info = {
-        **run_info("bench/tasks.py"),
-        "seconds": time.time() - started,
-        "load_before": load_before,
-        "load_after": load_average(),
-        "database": ctx.version,
-        "redis": redis_version,
-        **_versions(),
-    }
-    info["cpu"] = info["cpu"] or cpu_model() or "unknown CPU"
+    info = begun.info(ctx, redis, "django-tasks", "django-tasks-db", "celery", "kombu", "gunicorn")
     text = render(summary, args, info)
     print()
     print(text)
-    RESULTS_DIR.mkdir(exist_ok=True)
-    raw = RESULTS_DIR / f"tasks-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}.json"
-    raw.write_text(json.dumps({"info": info, "args": vars(args), "summary": summary}, indent=1, default=str))
+    raw = harness.write_raw("tasks", info=info, args=vars(args), summary=summary)
     if not args.no_report:
         REPORT.write_text(report(text, summary, descriptions, args, info))
         print(f"\nwritten to {REPORT.relative_to(ROOT)} (raw figures: {raw.relative_to(ROOT)})")
     shutil.rmtree(log_dir, ignore_errors=True)
     return 0
-
-
-def shutdown(ctx: Context) -> None:
-    """Stop every process started, the Redis servers last, whatever fails on the way."""
-    for system in reversed(ctx.started):
-        for child in reversed(system.children):
-            try:
-                child.stop(timeout=20)
-            except Exception as exc:
-                print(f"stopping {child.name}: {type(exc).__name__}: {exc}", file=sys.stderr)
-    for server in ctx.redis:
-        server.stop()
-
-
-def _versions() -> dict[str, str]:
-    from importlib.metadata import version
-
-    return {
-        name.replace("-", "_"): version(name)
-        for name in ("django-tasks", "django-tasks-db", "celery", "kombu", "gunicorn")
-    }
 
 
 if __name__ == "__main__":
