@@ -36,6 +36,7 @@ from exactly_once.tracing import TRACING, extract, span
 
 from .backoff import Backoff, retrying
 from .conf import gateway_settings
+from .gcpause import full_collections_held_until
 from .loops import PerLoop
 
 logger = logging.getLogger(__name__)
@@ -360,7 +361,9 @@ class Hub:
         """What was published while a line was away is in the history: each job's live
         listeners share one read of it (itself batched with other jobs'), and a listener that
         is catching up reads it again on its own. The reads' results are handed over in
-        callbacks, not a task per job: after a blip, thousands of jobs resync at once."""
+        callbacks, not a task per job: after a blip, thousands of jobs resync at once, and the
+        cyclic GC's full collections wait until they all are (gateway.gcpause)."""
+        reads = []
         for channel in list(channels):
             live = []
             for listener in list(self._listeners.get(channel, ())):
@@ -374,6 +377,8 @@ class Hub:
                 shared.result.add_done_callback(
                     functools.partial(self._resynced, channel, live, after, shared)
                 )
+                reads.append(shared.result)
+        full_collections_held_until(reads)
 
     @staticmethod
     def _resynced(channel: str, listeners: list[Listener], after: int, shared: _SharedRead, result) -> None:
