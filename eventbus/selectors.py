@@ -45,9 +45,21 @@ def visible_jobs(user):
     return Job.objects.filter(owner=user)
 
 
+def sees(user, job: Job) -> bool:
+    """Whether `user` sees `job` (visible_jobs' rule, for one job read already): its owner does
+    without the permission check, which reads the user's and their groups' permissions (two
+    queries) otherwise."""
+    return user.is_authenticated and (job.owner_id == user.pk or user.has_perm(VIEW_EVERY_JOB))
+
+
 def visible_job(user, job_id) -> Job | None:
-    """The job, if `user` sees it (visible_jobs), else None; with its `retried_by`."""
-    return with_retried_by(visible_jobs(user).filter(id=job_id)).first()
+    """The job, if `user` sees it (sees), else None; with its `retried_by`."""
+    from eventbus.models import Job
+
+    if not user.is_authenticated:
+        return None
+    job = with_retried_by(Job.objects.filter(id=job_id)).first()
+    return job if job is not None and sees(user, job) else None
 
 
 def with_retried_by(jobs):
@@ -86,13 +98,8 @@ def job_to_stream(user, job_id) -> Job | None:
 
     if not user.is_authenticated:
         return None
-    # The job first, then whether the user sees it: its owner does without the permission
-    # check, which reads the user's and their groups' permissions (two queries) at every
-    # socket's opening otherwise.
     job = Job.objects.filter(id=job_id).only("id", "domain", "state", "accepted_at", "owner_id").first()
-    if job is None or (job.owner_id != user.pk and not user.has_perm(VIEW_EVERY_JOB)):
-        return None
-    return job
+    return job if job is not None and sees(user, job) else None
 
 
 def job_outcome(job_id) -> Job:
