@@ -30,6 +30,7 @@ from django.utils.dateparse import parse_datetime
 
 from eventbus.models import Job, JobSignal, StageRecord
 from tests.docs import blocks
+from tests.eventbus.helpers import wait_for_job_state
 from tests.processes import Manage, Worker, process_env, wait_for
 
 PAGE = blocks.DOCS / "howto" / "durable-stages.md"
@@ -136,15 +137,7 @@ def project(redis_url, django_db_setup, tmp_path_factory):
 
 
 def wait_for_state(job_id, state: str, project: Project, timeout: float = 60) -> Job:
-    def reached():
-        return Job.objects.get(pk=job_id).state == state
-
-    try:
-        wait_for(reached, timeout=timeout, interval=0.05, message=f"job {job_id} to be {state}")
-    except AssertionError:
-        job = Job.objects.get(pk=job_id)
-        raise AssertionError(f"job {job_id} is {job.state}, not {state}:\n{project.logs()}") from None
-    return Job.objects.get(pk=job_id)
+    return wait_for_job_state(job_id, state, project.logs, timeout=timeout)
 
 
 def result_of(job_id, stage: str):

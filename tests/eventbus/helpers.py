@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 
 import redis
@@ -175,3 +176,20 @@ def broker_down():
         yield
     finally:
         point_broker(previous)
+
+
+def wait_for_job_state(
+    job_id, state: str, logs: Callable[[], str], *, timeout: float = 60, what: str = "job"
+):
+    """The job once it is in `state`; what `logs()` gives (its processes' logs) in the failure."""
+    from eventbus.models import Job
+
+    def reached():
+        return Job.objects.get(pk=job_id).state == state
+
+    try:
+        wait_for(reached, timeout=timeout, interval=0.05, message=f"{what} {job_id} to be {state}")
+    except AssertionError:
+        job = Job.objects.get(pk=job_id)
+        raise AssertionError(f"{what} {job_id} is {job.state}, not {state}; logs:\n{logs()}") from None
+    return Job.objects.get(pk=job_id)

@@ -28,7 +28,7 @@ from eventbus.models import Job, StageRecord
 from eventbus.services import start_job
 from tests.processes import Manage, Worker, wait_for
 
-from .helpers import job_events, point_broker
+from .helpers import job_events, point_broker, wait_for_job_state
 from .jobtypes import LEDGER_ROWS, lines
 
 pytestmark = [pytest.mark.processes, pytest.mark.django_db(transaction=True)]
@@ -116,15 +116,7 @@ def processes(redis_url, django_db_setup, tmp_path_factory):
 
 
 def wait_for_state(job_id, state: str, processes: DurableProcesses, timeout: float = 90) -> Job:
-    def reached():
-        return Job.objects.get(pk=job_id).state == state
-
-    try:
-        wait_for(reached, timeout=timeout, interval=0.05, message=f"job {job_id} to be {state}")
-    except AssertionError:
-        job = Job.objects.get(pk=job_id)
-        raise AssertionError(f"job {job_id} is {job.state}, not {state}:\n{processes.logs()}") from None
-    return Job.objects.get(pk=job_id)
+    return wait_for_job_state(job_id, state, processes.logs, timeout=timeout)
 
 
 def attempts(job_id) -> dict[str, int]:

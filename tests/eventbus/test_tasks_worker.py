@@ -21,7 +21,7 @@ from eventbus.conf import eventbus_settings
 from eventbus.models import Job
 from tests.processes import Manage, Worker, alive, run_command, wait_for
 
-from .helpers import broker_down, expected_events, job_events, queued_task_ids
+from .helpers import broker_down, expected_events, job_events, queued_task_ids, wait_for_job_state
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -57,16 +57,9 @@ def post_job(api_client, domain="scan", payload=None, key="key-1"):
 
 
 def wait_for_state(job_id, state, worker_logs, timeout=40):
-    def reached():
-        return Job.objects.get(pk=job_id).state == state
-
-    try:
-        wait_for(reached, timeout=timeout, interval=0.05, message=f"job {job_id} to be {state}")
-    except AssertionError:
-        raise AssertionError(
-            f"job {job_id} is {Job.objects.get(pk=job_id).state}, not {state}; worker logs:\n"
-            + "\n".join(log()[-4000:] for log in worker_logs)
-        ) from None
+    return wait_for_job_state(
+        job_id, state, lambda: "\n".join(log()[-4000:] for log in worker_logs), timeout=timeout
+    )
 
 
 def kill_mid_job(broker, job_id, kill):

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from eventbus.models import Job
-from tests.eventbus.helpers import point_broker
-from tests.processes import BASE_DIR, Worker, process_env, wait_for
+from tests.eventbus.helpers import point_broker, wait_for_job_state
+from tests.processes import BASE_DIR, Worker, process_env
 from tests.tasks.tasks import SIGNALS_FILE_ENV
 
 # Longer than any task a test holds on a worker, or a task still in hand would be delivered again
@@ -81,17 +81,13 @@ def read_lines(path) -> list[str]:
 
 def wait_for_state(result_id, state: str, *processes, timeout: float = 60) -> Job:
     """The task's job once it is in `state` (its workers' logs in the failure)."""
-
-    def reached():
-        return Job.objects.get(pk=result_id).state == state
-
-    try:
-        wait_for(reached, timeout=timeout, interval=0.05, message=f"task {result_id} to be {state}")
-    except AssertionError:
-        job = Job.objects.get(pk=result_id)
-        logs = "\n".join(process.log(tail=4000) for process in processes)
-        raise AssertionError(f"task {result_id} is {job.state}, not {state}; logs:\n{logs}") from None
-    return Job.objects.get(pk=result_id)
+    return wait_for_job_state(
+        result_id,
+        state,
+        lambda: "\n".join(process.log(tail=4000) for process in processes),
+        timeout=timeout,
+        what="task",
+    )
 
 
 # A process of its own that answers, for each result id it reads on stdin, what get_result()

@@ -166,9 +166,11 @@ from eventbus.djangotasks.names import RUN_STAGE
 from eventbus.djangotasks.taskjob import TaskJob
 from eventbus.models import Job, StageRecord
 from eventbus.services import start_job
-from tests.eventbus.helpers import point_broker, queued_task_ids
+from tests.eventbus.helpers import queued_task_ids
 from tests.processes import Worker, wait_for
 from tests.tasks import ported_tasks as test_tasks
+
+from .conftest import celery_worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -179,18 +181,9 @@ TASKS_LOGGER = compat.API
 TASKS_SETTINGS = {
     "default": {"BACKEND": "eventbus.backends.ExactlyOnceBackend", "QUEUES": ["default", "reports"]}
 }
-# Longer than any task a test holds on a worker, or a task in hand would be delivered again.
-VISIBILITY_TIMEOUT = "8"
 
 
-# Fixtures -------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def broker(redis_client, redis_url):
-    """This process's Celery app publishes to the test Redis (flushed: no queued tasks)."""
-    point_broker(redis_url)
-    return redis_client
+# Fixtures (broker and start_worker: tests/tasks/conftest.py) ---------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -198,29 +191,11 @@ def worker(redis_url, django_db_setup):
     """One Celery worker (prefork, concurrency 1, the default queue: no -Q) for the module's
     tests, in place of the original's in-process db_worker and RQ burst worker. Each test
     waits for its own tasks' end."""
-    process = Worker("ported", CELERY_VISIBILITY_TIMEOUT=VISIBILITY_TIMEOUT)
+    process = celery_worker("ported")
     process.start(timeout=60)
     yield process
     process.stop()
     process.log_path.unlink(missing_ok=True)
-
-
-@pytest.fixture
-def start_worker(broker):
-    """Starts workers of the test's own (Worker's arguments, then Celery's: "-Q", "reports");
-    stops what is left of them at the end."""
-    started: list[Worker] = []
-
-    def start(name: str, *celery_args: str) -> Worker:
-        process = Worker(name, CELERY_VISIBILITY_TIMEOUT=VISIBILITY_TIMEOUT)
-        process.command = (*process.command, *celery_args)
-        started.append(process)
-        return process.start(timeout=60)  # type: ignore[return-value]
-
-    yield start
-    for process in started:
-        process.stop()
-        process.log_path.unlink(missing_ok=True)
 
 
 @pytest.fixture
