@@ -30,3 +30,30 @@ def test_a_history_entry_nested_too_deep_is_the_jobs_error_not_the_batchs(redis_
     deep, ok = asyncio.run(read())
     assert isinstance(deep, ValueError)
     assert [parsed for _raw, parsed in ok.entries] == [{"seq": 10}]
+
+
+@pytest.mark.django_db
+def test_one_job_is_seen_by_its_owner_without_reading_permissions_and_by_others_only_with_the_view_permission(
+    django_user_model,
+):
+    from django.contrib.auth.models import AnonymousUser, Permission
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from eventbus.models import Job
+    from eventbus.selectors import job_to_stream, visible_job
+
+    owner = django_user_model.objects.create_user("owner")
+    other = django_user_model.objects.create_user("other")
+    viewer = django_user_model.objects.create_user("viewer")
+    viewer.user_permissions.add(Permission.objects.get(codename="view_job"))
+    job = Job.objects.create(
+        scope="-:1", idem_key="k", owner=owner, domain="scan", event_type="job.requested"
+    )
+    for read in (visible_job, job_to_stream):
+        with CaptureQueriesContext(connection) as queries:
+            assert read(owner, job.pk).pk == job.pk
+        assert len(queries) == 1, [q["sql"] for q in queries]  # the job's read alone: no permission read
+        assert read(other, job.pk) is None
+        assert read(AnonymousUser(), job.pk) is None
+        assert read(django_user_model.objects.get(pk=viewer.pk), job.pk).pk == job.pk

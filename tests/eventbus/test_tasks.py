@@ -467,3 +467,29 @@ def test_an_eager_run_leaves_the_callers_connection_alone():
     with tasks.request_connections(SimpleNamespace(request=SimpleNamespace(is_eager=True))):
         pass
     assert connection.connection is raw and connection.in_atomic_block  # the test's transaction stands
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sending_a_run_from_new_threads_builds_no_result_backend(broker, make_job, monkeypatch):
+    """Django's ASGI handler runs each request in a new thread; Celery builds its app's result
+    backend once per thread (scanning every package's entry points) unless the task has its own."""
+    from django.db import connection
+
+    app = type(tasks.run_job.app)
+    built = []
+    real = app._get_backend
+    monkeypatch.setattr(app, "_get_backend", lambda self: built.append(1) or real(self))
+    jobs = [make_job(), make_job()]
+
+    def send(job):
+        try:
+            assert tasks.enqueue(job)
+        finally:
+            connection.close()
+
+    for job in jobs:  # a thread each, as two requests
+        thread = threading.Thread(target=send, args=(job,))
+        thread.start()
+        thread.join()
+    assert built == []
+    assert sorted(queued_task_ids(broker)) == sorted(str(job.id) for job in jobs)
